@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Set up .venv (once, or when pyproject.toml changes) and run a job in it.
+
+    python3 dev.py serve [sessionlog serve options]   the server and its web page
+    python3 dev.py test [pytest options]               the test suite
+
+Needs only Python 3.11+; everything else is installed into ./.venv.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+STAMP = VENV / ".installed"
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit(f"sessionlog needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    pyproject = ROOT / "pyproject.toml"
+    if STAMP.exists() and STAMP.stat().st_mtime >= pyproject.stat().st_mtime:
+        return
+    if not (BIN / "python").exists():
+        print("creating .venv ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    print("installing sessionlog and its dependencies into .venv ...", flush=True)
+    subprocess.run([str(BIN / "python"), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], check=True)
+    STAMP.touch()
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"serve", "test"}:
+        sys.exit(__doc__)
+    ensure_venv()
+    job, rest = sys.argv[1], sys.argv[2:]
+    if job == "serve":
+        cmd = [str(BIN / "sessionlog"), "serve", *rest]
+    else:
+        cmd = [str(BIN / "python"), "-m", "pytest", *rest]
+    os.chdir(ROOT)
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""The event store's write side: one committer task per store (group commit).
+
+Theory of operation
+-------------------
+Appenders never touch a file. `append*()` runs entirely on the trio thread:
+it checks the session, gives each event the session's next seq, encodes the
+record, puts the line into the *filling* batch and calls the store's listener
+(the live projections), all without an await, so seq order, byte order in the
+file and the order the projections see are one and the same.
+
+The committer swaps the filling batch for an empty one and hands the full one
+to a worker thread, which writes each dirty session's lines with one
+`os.write` on its `O_APPEND` descriptor and then makes the batch durable.
+While that thread syncs, the next batch fills:
+
+    trio thread:  append append append | append append ...  | append
+    committer:    [swap] -> thread: write+sync batch 1 -> set 1 [swap] -> batch 2 ...
+    waiters of 1:                                       wake up
+
+How a batch is made durable (`sync_mode`): "fdatasync" syncs each dirty file
+(~0.1 ms each here), "syncfs" makes one Linux syncfs(2) call on a descriptor
+of the data root (one device flush for any number of files; it also flushes
+other dirty files of that filesystem), "auto" (the default) uses fdatasync
+for a batch of one file and syncfs for more. bench/ measures the three; see
+bench/README.md for why "auto".
+
+A failed write or sync is fatal: every waiter of that batch gets StoreBroken,
+no further append is accepted, and nothing is retried (after a failed fsync
+the kernel may have dropped the dirty pages; a retry can "succeed" with the
+data gone). Restarting recovers from what is on disk.
+
+Descriptors are kept in an LRU of at most `max_open` entries, closed only
+after the data written through them is synced.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Final, Literal, NamedTuple
+
+import trio
+
+from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
+                     UnknownSession)
+from .events import Event
+from .fsio import HAVE_SYNCFS, OS_FILES, FileOps
+from .log import SESSIONS_DIR, log_path, session_dir
+from .record import Record, encode_record
+
+SyncMode = Literal["auto", "syncfs", "fdatasync"]
+
+# Open log descriptors kept for appends. Ten thousand streaming sessions must
+# not exhaust the process's descriptors (often 1024 soft); reopening costs
+# ~5 us, far below a batch's sync.
+MAX_OPEN_LOGS: Final = 512
+
+# The listener sees every record as it is appended (not yet durable):
+# (session_id, record, byte offset just past the record).
+Listener = Callable[[str, Record, int], None]
+
+
+class Appended(NamedTuple):
+    record: Record
+    end: int  # byte offset just past this record in the session's log
+
+
+class CommitStatistics(NamedTuple):
+    batches: int
+    records: int
+    largest_batch: int
+    files_synced: int
+    waiting_appenders: int
+    sync_mode: str
+
+
+class _Batch:
+    __slots__ = ("done", "error", "lines", "last_seq", "records", "waiters")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+        self.lines: dict[str, list[bytes]] = {}
+        self.last_seq: dict[str, int] = {}
+        self.records = 0
+        self.waiters = 0
+
+
+class _Session:
+    __slots__ = ("last_seq", "end", "durable_seq", "durable_end", "corrupt")
+
+    def __init__(self, last_seq: int, end: int, corrupt: CorruptRecord | None) -> None:
+        self.last_seq = last_seq
+        self.end = end
+        self.durable_seq = last_seq
+        self.durable_end = end
+        self.corrupt = corrupt
+
+
+class EventStore:
+    """Per-session append-only logs under `root`, with group commit.
+
+    Use `open_event_store(root)`; sessions found on disk are registered by the
+    recovery code (projections/recovery.py) with `register()`.
+    """
+
+    def __init__(self, root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "auto",
+                 max_open: int = MAX_OPEN_LOGS) -> None:
+        if sync_mode == "syncfs" and not HAVE_SYNCFS:
+            raise ValueError("sync_mode='syncfs' needs Linux syncfs(2)")
+        self.root = root
+        self.fs = fs
+        self.sync_mode: SyncMode = sync_mode if HAVE_SYNCFS else "fdatasync"
+        self.max_open = max_open
+        self.listeners: list[Listener] = []
+        self._sessions: dict[str, _Session] = {}
+        self._creating: set[str] = set()
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._root_fd = -1
+        self._batch = _Batch()
+        self._wake = trio.Event()
+        self._stopped = trio.Event()
+        self._closing = False
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._stats = [0, 0, 0, 0]  # batches, records, largest, files synced
+
+    # -- sessions ---------------------------------------------------------
+
+    def register(self, session_id: str, last_seq: int, end: int,
+                 corrupt: CorruptRecord | None = None) -> None:
+        """Make a session found on disk appendable (or read-only if corrupt)."""
+        self._sessions[session_id] = _Session(last_seq, end, corrupt)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def session_ids(self) -> list[str]:
+        return list(self._sessions)
+
+    def last_seq(self, session_id: str) -> int:
+        return self._session(session_id).last_seq
+
+    def durable_seq(self, session_id: str) -> int:
+        return self._session(session_id).durable_seq
+
+    def durable_end(self, session_id: str) -> int:
+        return self._session(session_id).durable_end
+
+    def corruption(self, session_id: str) -> CorruptRecord | None:
+        return self._session(session_id).corrupt
+
+    def _session(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSession(session_id) from None
+
+    def _check_open(self) -> None:
+        if self._broken is not None:
+            raise StoreBroken("the store failed to write or sync and accepts nothing more; "
+                              "restart it to recover") from self._broken
+        if self._closed or self._closing:
+            raise StoreClosed("the event store is closed")
+
+    # -- create / delete (durable, outside the batch cycle) ----------------
+
+    async def create(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
+        """Create a session's log holding `events`, durably: when this returns the
+        log, its folder and the folders above it are fsynced."""
+        self._check_open()
+        path = log_path(self.root, session_id)  # validates the id
+        if session_id in self._sessions or session_id in self._creating:
+            raise SessionExists(f"session {session_id!r} already exists")
+        ts = time.time()
+        lines = [encode_record(i, ts, ev) for i, ev in enumerate(events, 1)]
+        out: list[Appended] = []
+        end = 0
+        for i, (ev, line) in enumerate(zip(events, lines), 1):
+            end += len(line)
+            out.append(Appended(Record(i, ts, ev), end))
+        data = b"".join(lines)
+        self._creating.add(session_id)
+        try:
+            await trio.to_thread.run_sync(self._create_sync, session_id, path, data)
+        except FileExistsError:
+            raise SessionExists(f"session {session_id!r} already exists") from None
+        except OSError as e:
+            raise StoreBroken(f"creating session {session_id!r} failed: {e}") from e
+        finally:
+            self._creating.discard(session_id)
+        self._check_open()
+        self._sessions[session_id] = _Session(len(out), end, None)
+        for a in out:
+            for listener in self.listeners:
+                listener(session_id, a.record, a.end)
+        return out
+
+    def _create_sync(self, session_id: str, path: str, data: bytes) -> None:
+        fs = self.fs
+        folder = os.path.dirname(path)
+        fs.mkdir(folder)
+        fd = fs.create_exclusive(path)
+        try:
+            if data:
+                fs.write(fd, data)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        fs.fsync_dir(folder)
+        fs.fsync_dir(os.path.dirname(folder))
+
+    async def remove(self, session_id: str) -> None:
+        """Remove a session's folder (after its tombstone is durable) and forget it."""
+        self._check_open()
+        sess = self._session(session_id)
+        if sess.durable_seq < sess.last_seq:
+            await self.wait_durable(session_id, sess.last_seq)
+        self._sessions.pop(session_id, None)
+        fd = self._fds.pop(session_id, None)
+        folder = session_dir(self.root, session_id)
+        await trio.to_thread.run_sync(self._remove_sync, folder, fd)
+
+    def _remove_sync(self, folder: str, fd: int | None) -> None:
+        if fd is not None:
+            self.fs.close(fd)
+        if self.fs.exists(folder):
+            self.fs.rmtree(folder)
+        self.fs.fsync_dir(os.path.dirname(folder))
+
+    # -- appends ----------------------------------------------------------
+
+    def _enqueue(self, session_id: str, events: Sequence[Event]) -> tuple[_Batch, list[Appended]]:
+        self._check_open()
+        sess = self._session(session_id)
+        if sess.corrupt is not None:
+            raise SessionReadOnly(f"{sess.corrupt}; the session is read-only until "
+                                  f"`sessionlog repair` is run on it")
+        ts = time.time()
+        batch = self._batch
+        # Encode everything first: a RecordTooLarge leaves the session unchanged.
+        new = [encode_record(sess.last_seq + i, ts, ev) for i, ev in enumerate(events, 1)]
+        out = []
+        for ev, line in zip(events, new):
+            sess.last_seq += 1
+            sess.end += len(line)
+            out.append(Appended(Record(sess.last_seq, ts, ev), sess.end))
+        lines = batch.lines.get(session_id)
+        if lines is None:
+            batch.lines[session_id] = new
+        else:
+            lines.extend(new)
+        batch.last_seq[session_id] = sess.last_seq
+        batch.records += len(out)
+        for a in out:
+            for listener in self.listeners:
+                listener(session_id, a.record, a.end)
+        self._wake.set()
+        return batch, out
+
+    async def append(self, session_id: str, event: Event) -> Appended:
+        """Append one record and return once it is durable."""
+        return (await self.append_many(session_id, [event]))[0]
+
+    async def append_many(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
+        """Append records to one session in one batch; return once they are durable."""
+        batch, out = self._enqueue(session_id, events)
+        await self._wait(batch)
+        return out
+
+    def append_nowait(self, session_id: str, event: Event) -> Appended:
+        """Append one record to the next batch and return at once (the progress
+        class: the caller never waits on a disk)."""
+        return self._enqueue(session_id, [event])[1][0]
+
+    async def _wait(self, batch: _Batch) -> None:
+        batch.waiters += 1
+        try:
+            await batch.done.wait()
+        finally:
+            batch.waiters -= 1
+        if batch.error is not None:
+            raise StoreBroken(f"the batch holding this record failed: {batch.error}") from batch.error
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Wait until the session's record `seq` is durable."""
+        sess = self._session(session_id)
+        if sess.durable_seq >= seq:
+            return
+        if self._broken is not None:
+            self._check_open()
+        await self._wait(self._batch)
+        if self._sessions.get(session_id, sess).durable_seq < seq:  # pragma: no cover
+            raise StoreBroken(f"seq {seq} of {session_id} did not become durable")
+
+    async def flush(self) -> None:
+        """Wait until everything appended so far is durable."""
+        if self._batch.records:
+            await self._wait(self._batch)
+
+    # -- the committer ----------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                batch = self._batch
+                if not batch.lines:
+                    if self._closing:
+                        return
+                    continue
+                self._batch = _Batch()
+                try:
+                    await trio.to_thread.run_sync(self._commit_sync, batch)
+                except OSError as e:
+                    self._broken = e
+                    batch.error = e
+                    # Later appends are refused by _check_open; a batch that was
+                    # filling meanwhile can never be written: fail its waiters too.
+                    self._batch.error = e
+                    self._batch.done.set()
+                    batch.done.set()
+                    return
+                n = batch.records
+                st = self._stats
+                st[0] += 1
+                st[1] += n
+                st[2] = max(st[2], n)
+                st[3] += len(batch.lines)
+                for sid, seq in batch.last_seq.items():
+                    sess = self._sessions.get(sid)
+                    if sess is not None and seq > sess.durable_seq:
+                        sess.durable_seq = seq
+                for sid, lines in batch.lines.items():
+                    sess = self._sessions.get(sid)
+                    if sess is not None:
+                        sess.durable_end += sum(map(len, lines))
+                batch.done.set()
+        finally:
+            self._stopped.set()
+
+    def _commit_sync(self, batch: _Batch) -> None:
+        """In a worker thread: one write per dirty file, then one durability step."""
+        fs = self.fs
+        fds = self._fds
+        dirty: list[int] = []
+        per_file = self.sync_mode == "fdatasync" or (self.sync_mode == "auto" and len(batch.lines) == 1)
+        for sid, lines in batch.lines.items():
+            fd = fds.get(sid)
+            if fd is None:
+                fd = fs.open_append(log_path(self.root, sid))
+                fds[sid] = fd
+                if len(fds) > self.max_open:
+                    old_sid, old_fd = fds.popitem(last=False)
+                    if per_file and old_fd in dirty:
+                        fs.fdatasync(old_fd)
+                        dirty.remove(old_fd)
+                    if not per_file or old_fd not in dirty:
+                        fs.close(old_fd)
+            else:
+                fds.move_to_end(sid)
+            fs.write(fd, lines[0] if len(lines) == 1 else b"".join(lines))
+            dirty.append(fd)
+        if per_file:
+            for fd in dirty:
+                fs.fdatasync(fd)
+        else:
+            fs.syncfs(self._root_fd)
+
+    # -- lifecycle --------------------------------------------------------
+
+    def _prepare_sync(self) -> None:
+        fs = self.fs
+        fs.makedirs(os.path.join(self.root, SESSIONS_DIR))
+        fs.fsync_dir(os.path.join(self.root, SESSIONS_DIR))
+        fs.fsync_dir(self.root)
+        self._root_fd = fs.open_dir(self.root)
+
+    def _close_sync(self) -> None:
+        for fd in self._fds.values():
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+        if self._root_fd >= 0:
+            self.fs.close(self._root_fd)
+            self._root_fd = -1
+
+    def statistics(self) -> CommitStatistics:
+        b, r, largest, files = self._stats
+        return CommitStatistics(b, r, largest, files, self._batch.waiters, self.sync_mode)
+
+    @property
+    def broken(self) -> BaseException | None:
+        return self._broken
+
+
+@asynccontextmanager
+async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "auto",
+                           max_open: int = MAX_OPEN_LOGS) -> AsyncIterator[EventStore]:
+    """Open the store's write side; the committer runs until the block exits,
+    and everything appended inside the block is committed before it does."""
+    store = EventStore(root, fs=fs, sync_mode=sync_mode, max_open=max_open)
+    await trio.to_thread.run_sync(store._prepare_sync)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store._run)
+            try:
+                yield store
+            finally:
+                with trio.CancelScope(shield=True):
+                    store._closing = True
+                    store._wake.set()
+                    await store._stopped.wait()
+                    store._closed = True
+    finally:
+        await trio.to_thread.run_sync(store._close_sync)
+
+

@@ -1,0 +1,80 @@
+"""The event store's errors: each says whose fault it is."""
+from __future__ import annotations
+
+
+class EventStoreError(Exception):
+    """Base of every error raised by eventstore/."""
+
+
+class InvalidSessionId(EventStoreError, ValueError):
+    """The caller passed a session id that is not a short file-name-safe token.
+
+    Raised before any path is built from it, so nothing on disk is touched.
+    """
+
+
+class SessionExists(EventStoreError):
+    """create was asked for a session id that already has a log."""
+
+
+class UnknownSession(EventStoreError, KeyError):
+    """The caller named a session that does not exist (or was deleted)."""
+
+    def __str__(self) -> str:
+        return f"unknown session {self.args[0]!r}" if self.args else "unknown session"
+
+
+class SeqConflict(EventStoreError):
+    """An append expected a different last seq: the optimistic-concurrency signal."""
+
+
+class CorruptRecord(EventStoreError):
+    """A record before the log's tail fails its checksum, does not parse, or breaks
+    the seq order. This is damage, not a crash: the session is quarantined
+    (read-only) and the log is never truncated automatically.
+
+    Not raised for a torn tail (damage after the last good record): that is
+    repaired on open, see TornTail.
+    """
+
+    def __init__(self, session_id: str, line_no: int, reason: str) -> None:
+        super().__init__(session_id, line_no, reason)
+        self.session_id = session_id
+        self.line_no = line_no
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"session {self.session_id}: corrupt record at line {self.line_no}: {self.reason}"
+
+
+class TornTail(EventStoreError):
+    """A report (not raised on open): the log ended in a partial or damaged last
+    record, which was copied beside the log and truncated away."""
+
+    def __init__(self, session_id: str, kept_bytes: int, copy_path: str) -> None:
+        super().__init__(session_id, kept_bytes, copy_path)
+        self.session_id = session_id
+        self.kept_bytes = kept_bytes
+        self.copy_path = copy_path
+
+    def __str__(self) -> str:
+        return (f"session {self.session_id}: torn tail of {self.kept_bytes} bytes "
+                f"truncated (copy kept at {self.copy_path})")
+
+
+class SessionReadOnly(EventStoreError):
+    """An append to a quarantined session: repair it with `sessionlog repair`."""
+
+
+class RecordTooLarge(EventStoreError, ValueError):
+    """The caller's event encodes to more than MAX_RECORD_BYTES."""
+
+
+class StoreClosed(EventStoreError):
+    """*Your* code closed the store (its `async with` block ended) and then used it."""
+
+
+class StoreBroken(EventStoreError):
+    """A write or fsync failed. The store accepts nothing more; restart it and it
+    recovers from what is on disk. `__cause__` holds the OSError. A failed fsync
+    is never retried: the kernel may have dropped the dirty pages already."""

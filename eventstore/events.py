@@ -1,0 +1,134 @@
+"""Every event of a session log (and of the project registry's log), as one
+tagged union of frozen msgspec Structs.
+
+Schema-evolution rules (msgspec's three, plus ours):
+ 1. A new field always gets a default, so older records still decode.
+ 2. Never change a field's type; add a new field instead.
+ 3. Never reuse or rename a tag (the `tag=` below, not the class name, is what
+    is on disk; renaming a class is free).
+ 4. Ours: a message record without a status reads as "done" (a default, not a
+    special case in replay). A change that a default cannot express gets a
+    named upcaster function in record.py, never a branch in a fold.
+What an older build does with a newer log: unknown *fields* are skipped, but an
+unknown *tag* cannot be decoded, so a new event type is a one-way door: the
+older build reports the record as corrupt (`unknown event type`) and
+quarantines the session rather than guessing.
+"""
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+Role = Literal["user", "assistant", "tool", "system"]
+Kind = Literal["chat", "llm_reply", "tool_call", "agentic_fn", "task_spawn", "merge", "relocate"]
+Status = Literal["pending", "running", "done", "error", "aborted"]
+TerminalStatus = Literal["done", "error", "aborted"]
+SessionStatus = Literal["idle", "running"]
+
+
+class BaseEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    """Base of every event in a log."""
+
+
+class SessionCreated(BaseEvent, tag="session_created"):
+    session_id: str
+    agent_id: str = "default"
+    source: str = "web"
+    title: str = ""
+    project_id: str | None = None
+    created_at: float = 0.0
+
+
+class MessageCreated(BaseEvent, tag="message_created"):
+    """A message, or the placeholder of in-flight work, is born.
+
+    `caller` set means a non-conversational node (a tool call under a reply, a
+    relocation): it never moves the session's head.
+    """
+    msg_id: str
+    role: Role = "user"
+    kind: Kind = "chat"
+    parent_id: str | None = None
+    caller: str | None = None
+    status: Status = "done"
+    content: str = ""
+    started_at: float | None = None
+    metadata: dict[str, Any] = {}
+
+
+class MessageProgress(BaseEvent, tag="message_progress"):
+    """One throttle interval's worth of a running message: the content delta and
+    the character offset where it starts, the latest tree and token counts."""
+    msg_id: str
+    content_delta: str = ""
+    offset: int = 0
+    context_tree: Any = None
+    partial_tokens_used: dict[str, int] | None = None
+
+
+class MessageFinalized(BaseEvent, tag="message_finalized"):
+    """The terminal state. `content` is the whole final content when given;
+    None keeps what the progress records assembled."""
+    msg_id: str
+    status: TerminalStatus = "done"
+    content: str | None = None
+    error: str | None = None
+    aborted_reason: str | None = None
+    tokens: dict[str, int] | None = None
+
+
+class SessionRenamed(BaseEvent, tag="session_renamed"):
+    """A title change. The flags are the spec's title lock markers; None leaves
+    a flag as it was."""
+    title: str
+    user_titled: bool | None = None
+    auto_titled: bool | None = None
+    title_gen_count: int | None = None
+
+
+class SessionFlags(BaseEvent, tag="session_flags"):
+    """pinned / unread / archived / status; None leaves a flag as it was."""
+    pinned: bool | None = None
+    unread: bool | None = None
+    archived: bool | None = None
+    status: SessionStatus | None = None
+
+
+class ProjectBound(BaseEvent, tag="project_bound"):
+    project_id: str
+
+
+class ProjectRelocated(BaseEvent, tag="project_relocated"):
+    """A graph node recording that the bound project's folder moved; it never
+    moves head."""
+    node_id: str
+    project_id: str
+    old_path: str
+    path: str
+
+
+class SessionDeleted(BaseEvent, tag="session_deleted"):
+    """A tombstone: the directory is removed after it is durable; a start that
+    finds one finishes the deletion."""
+
+
+# Events of the project registry's own log (projects/log.jsonl).
+class ProjectCreated(BaseEvent, tag="project_created"):
+    project_id: str
+    name: str
+    path: str
+
+
+class ProjectMoved(BaseEvent, tag="project_moved"):
+    project_id: str
+    old_path: str
+    path: str
+
+
+Event = (SessionCreated | MessageCreated | MessageProgress | MessageFinalized | SessionRenamed
+         | SessionFlags | ProjectBound | ProjectRelocated | SessionDeleted
+         | ProjectCreated | ProjectMoved)
+
+EVENT_ENCODER: Final = msgspec.json.Encoder()
+EVENT_DECODER: Final = msgspec.json.Decoder(Event)

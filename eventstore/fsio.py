@@ -1,0 +1,118 @@
+"""The seam under every file operation of the store.
+
+The real code always goes through a `FileOps`; `OS_FILES` is the real one.
+Tests put a recording or failing implementation here (fault injection,
+simulated power loss) without touching the store's logic.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+from typing import Final
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_syncfs = getattr(_libc, "syncfs", None)
+HAVE_SYNCFS: Final = _syncfs is not None
+
+
+class FileOps:
+    """Real file operations. Every method may raise OSError."""
+
+    def open_append(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+
+    def create_exclusive(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+
+    def open_dir(self, path: str) -> int:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def write(self, fd: int, data: bytes) -> None:
+        """One os.write; a short write is an error (ENOSPC and friends)."""
+        n = os.write(fd, data)
+        if n != len(data):
+            raise OSError(errno.EIO, f"short write: {n} of {len(data)} bytes")
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        """Linux syncfs(2): one flush for every dirty file of the filesystem."""
+        if _syncfs is None:
+            raise OSError(errno.ENOSYS, "syncfs is not available")
+        if _syncfs(fd) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def read_bytes(self, path: str, offset: int = 0) -> bytes:
+        with open(path, "rb") as f:
+            if offset:
+                f.seek(offset)
+            return f.read()
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path, 0o755)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, 0o755, exist_ok=True)
+
+    def truncate(self, path: str, size: int) -> None:
+        os.truncate(path, size)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=False)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = self.open_dir(path)
+        try:
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Create or replace `path` with `data` and fsync it (not atomic; see atomic_write)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            self.write(fd, data)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
+
+OS_FILES: Final = FileOps()
+
+
+def atomic_write(fs: FileOps, path: str, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new
+    file, never a mix: temp file, fsync, rename, fsync the directory."""
+    tmp = f"{path}.tmp"
+    fs.write_file(tmp, data)
+    fs.rename(tmp, path)
+    fs.fsync_dir(os.path.dirname(path) or ".")
