@@ -105,10 +105,11 @@ def _any_good_after(data: bytes, pos: int) -> bool:
     return False
 
 
-def repair_torn_tail(fs: FileOps, root: str, session_id: str, data: bytes, good_end: int,
+def repair_torn_tail(fs: FileOps, path: str, label: str, data: bytes, good_end: int,
                      *, base_offset: int = 0) -> TornTail:
-    """Keep a copy of the bytes past `good_end`, truncate the log there, fsync."""
-    path = log_path(root, session_id)
+    """Keep a copy of the log's bytes past `good_end`, truncate the log there, fsync.
+    `data` holds the log's bytes from `base_offset` on; `label` names the log
+    in the report (a session id)."""
     n = 1
     while fs.exists(f"{path}.torn-{n}"):
         n += 1
@@ -121,7 +122,21 @@ def repair_torn_tail(fs: FileOps, root: str, session_id: str, data: bytes, good_
     finally:
         fs.close(fd)
     fs.fsync_dir(os.path.dirname(path))
-    return TornTail(session_id, len(data) - (good_end - base_offset), copy)
+    return TornTail(label, len(data) - (good_end - base_offset), copy)
+
+
+def append_durable(fs: FileOps, path: str, data: bytes) -> None:
+    """Append whole lines to a small log outside the group commit (the project
+    registry's), creating it if needed, and fsync it (sync: call from a thread)."""
+    created = not fs.exists(path)
+    fd = fs.create_exclusive(path) if created else fs.open_append(path)
+    try:
+        fs.write(fd, data)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    if created:
+        fs.fsync_dir(os.path.dirname(path))
 
 
 def read_log(fs: FileOps, root: str, session_id: str, *, offset: int = 0) -> bytes:

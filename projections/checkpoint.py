@@ -1,0 +1,106 @@
+"""Checkpoint files: the registry's `index.json` and each session's
+`snapshot.json`. Both are caches of the logs, written atomically (temp,
+fsync, rename, fsync the directory); deleting them loses nothing. This is
+the one module of projections/ that does file I/O (through the FileOps seam).
+"""
+from __future__ import annotations
+
+import os
+from typing import Final
+
+import msgspec
+
+from eventstore.fsio import FileOps, atomic_write
+from eventstore.log import session_dir
+
+from .session import MessageSnapshot, SessionMeta, SessionState
+
+INDEX_NAME: Final = "index.json"
+SNAPSHOT_NAME: Final = "snapshot.json"
+FORMAT_VERSION: Final = 1
+
+
+class SessionEntry(msgspec.Struct, kw_only=True):
+    """A registry row as of `seq`; `end` is the log offset just past record `seq`."""
+    seq: int
+    end: int
+    meta: SessionMeta
+
+
+class IndexCheckpoint(msgspec.Struct, kw_only=True):
+    version: int = FORMAT_VERSION
+    written_at: float = 0.0
+    sessions: dict[str, SessionEntry] = {}
+
+
+class SessionSnapshot(msgspec.Struct, kw_only=True):
+    version: int = FORMAT_VERSION
+    seq: int
+    end: int
+    meta: SessionMeta | None
+    head: str | None
+    messages: list[MessageSnapshot]
+
+    @classmethod
+    def of(cls, state: SessionState) -> SessionSnapshot:
+        return cls(seq=state.seq, end=state.end, meta=state.meta, head=state.head,
+                   messages=list(state.messages.values()))
+
+    def to_state(self) -> SessionState:
+        state = SessionState()
+        state.seq, state.end, state.meta, state.head = self.seq, self.end, self.meta, self.head
+        state.messages = {m.msg_id: m for m in self.messages}
+        return state
+
+
+_INDEX_DECODER: Final = msgspec.json.Decoder(IndexCheckpoint)
+_SNAPSHOT_DECODER: Final = msgspec.json.Decoder(SessionSnapshot)
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def index_path(root: str) -> str:
+    return os.path.join(root, INDEX_NAME)
+
+
+def snapshot_path(root: str, session_id: str) -> str:
+    return os.path.join(session_dir(root, session_id), SNAPSHOT_NAME)
+
+
+def encode_index(ckpt: IndexCheckpoint) -> bytes:
+    return _ENCODER.encode(ckpt)
+
+
+def write_index(fs: FileOps, root: str, data: bytes) -> None:
+    atomic_write(fs, index_path(root), data)
+
+
+def read_index(fs: FileOps, root: str) -> tuple[IndexCheckpoint | None, str]:
+    """The checkpoint and how it was found: "loaded", "missing" or "corrupt: ..."."""
+    path = index_path(root)
+    if not fs.exists(path):
+        return None, "missing"
+    try:
+        ckpt = _INDEX_DECODER.decode(fs.read_bytes(path))
+    except (msgspec.DecodeError, OSError) as e:
+        return None, f"corrupt: {e}"
+    if ckpt.version != FORMAT_VERSION:
+        return None, f"corrupt: version {ckpt.version}"
+    return ckpt, "loaded"
+
+
+def encode_snapshot(state: SessionState) -> bytes:
+    return _ENCODER.encode(SessionSnapshot.of(state))
+
+
+def write_snapshot(fs: FileOps, root: str, session_id: str, data: bytes) -> None:
+    atomic_write(fs, snapshot_path(root, session_id), data)
+
+
+def read_snapshot(fs: FileOps, root: str, session_id: str) -> SessionSnapshot | None:
+    """The session's snapshot, or None when missing or unreadable (a full replay follows)."""
+    path = snapshot_path(root, session_id)
+    try:
+        snap = _SNAPSHOT_DECODER.decode(fs.read_bytes(path))
+    except (FileNotFoundError, msgspec.DecodeError):
+        return None
+    return snap if snap.version == FORMAT_VERSION else None

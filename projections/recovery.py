@@ -1,0 +1,165 @@
+"""Startup recovery: checkpoint + tail replay, with full replay as the fallback.
+
+Theory of operation
+-------------------
+The logs are the truth. `index.json` holds, per session, a registry row as of
+some seq S and the byte offset E just past record S. The checkpoint writer
+only ever records an (S, E) that was durable when it wrote, so after any
+crash the log still holds records 1..S ending at E (a torn tail is always
+past the last durable record, because nothing is acknowledged, and no
+checkpoint is written, before its sync).
+
+For each session folder with a log:
+  - if the checkpoint has it and the log is at least E bytes long, read only
+    the bytes from E, decode them expecting seq S+1 first, and fold them into
+    the checkpoint's row. Because the fold is a pure function of the records
+    in order, row(1..S) folded with (S+1..N) equals row(1..N): tail replay
+    equals full replay.
+  - otherwise (no entry, log shorter than E, a tail that does not start with
+    record S+1, damage in the tail), replay the whole log.
+A torn tail is repaired (copy kept, truncated, fsynced) and reported; damage
+before the tail quarantines the session (its row is the good prefix's). A log
+whose fold ends in no meta (a tombstone, or no `session_created`) is a
+deletion that did not finish: its folder is removed. Session snapshots follow
+the same rule one level down (`load_session_state`).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from eventstore.errors import CorruptRecord, TornTail
+from eventstore.fsio import FileOps
+from eventstore.log import list_session_ids, log_path, read_log, repair_torn_tail, scan, session_dir
+
+from .checkpoint import IndexCheckpoint, read_index, read_snapshot
+from .registry import Mark, Registry
+from .session import SessionMeta, SessionState, apply_meta
+
+
+@dataclass
+class RecoveryReport:
+    sessions: int = 0
+    records: int = 0             # records decoded (tails only, where a checkpoint served)
+    bytes: int = 0
+    full_replays: int = 0
+    tail_replays: int = 0
+    checkpoint: str = "missing"  # loaded / missing / corrupt: ...
+    torn: list[TornTail] = field(default_factory=list)
+    quarantined: list[CorruptRecord] = field(default_factory=list)
+    unfinished_deletions: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class SessionRecovery:
+    meta: SessionMeta | None
+    seq: int
+    end: int
+    meta_seq: int
+    corrupt: CorruptRecord | None
+
+
+def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
+                entry_seq: int = 0, entry_end: int = 0, entry_meta: SessionMeta | None = None,
+                *, repair: bool = True) -> SessionRecovery:
+    """Fold a session's log (or its tail past a checkpoint entry) into its meta."""
+    offset = entry_end if entry_meta is not None else 0
+    data = read_log(fs, root, sid, offset=offset)
+    s = scan(sid, data, base_offset=offset, expect_seq=entry_seq + 1 if offset else 1)
+    if offset and (s.corrupt is not None or (s.torn_bytes and not s.records)):
+        # The tail does not continue the checkpoint: trust only the log.
+        return replay_meta(fs, root, sid, report, repair=repair)
+    meta = entry_meta if offset else None
+    meta_seq = entry_seq if offset else 0
+    for rec in s.records:
+        new = apply_meta(meta, rec)
+        if new is not meta:
+            meta_seq = rec.seq
+        meta = new
+    report.records += len(s.records)
+    report.bytes += len(data)
+    if offset:
+        report.tail_replays += 1
+    else:
+        report.full_replays += 1
+    if s.torn_bytes:
+        if repair:
+            report.torn.append(repair_torn_tail(fs, log_path(root, sid), sid, data, s.good_end,
+                                                base_offset=offset))
+        else:
+            report.torn.append(TornTail(sid, s.torn_bytes, "(not repaired)"))
+    if s.corrupt is not None:
+        report.quarantined.append(s.corrupt)
+    seq = s.records[-1].seq if s.records else entry_seq if offset else 0
+    return SessionRecovery(meta, seq, s.good_end, meta_seq, s.corrupt)
+
+
+def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, repair: bool = True,
+                     progress: object = None) -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
+    """Rebuild the registry from the checkpoint and the logs' tails (sync: run it
+    in a worker thread). Unfinished deletions are completed."""
+    t0 = time.perf_counter()
+    report = RecoveryReport()
+    ckpt: IndexCheckpoint | None = None
+    if use_checkpoint:
+        ckpt, report.checkpoint = read_index(fs, root)
+    else:
+        report.checkpoint = "not used"
+    entries = ckpt.sessions if ckpt is not None else {}
+    registry = Registry()
+    found: dict[str, SessionRecovery] = {}
+    ids = list_session_ids(fs, root)
+    for i, sid in enumerate(ids):
+        entry = entries.get(sid)
+        if entry is not None and entry.meta is not None and fs.size(log_path(root, sid)) >= entry.end > 0:
+            rec = replay_meta(fs, root, sid, report, entry.seq, entry.end, entry.meta, repair=repair)
+        else:
+            rec = replay_meta(fs, root, sid, report, repair=repair)
+        if rec.meta is None:
+            if rec.corrupt is None:
+                report.unfinished_deletions.append(sid)
+                if repair:
+                    folder = session_dir(root, sid)
+                    fs.rmtree(folder)
+                    fs.fsync_dir(os.path.dirname(folder))
+            continue
+        found[sid] = rec
+        registry.put(rec.meta, sid, Mark(seq=rec.seq, end=rec.end, meta_seq=rec.meta_seq))
+        if callable(progress):
+            progress(i + 1, len(ids))
+    report.sessions = len(registry)
+    report.seconds = time.perf_counter() - t0
+    return registry, found, report
+
+
+def load_session_state(fs: FileOps, root: str, sid: str, *, use_snapshot: bool = True
+                       ) -> tuple[SessionState, bool]:
+    """A session's full state from its snapshot plus the log's tail, or a full
+    replay when the snapshot is missing, unreadable or does not fit the log.
+    Returns (state, whether the snapshot served). Sync; run it in a thread.
+    Reads only the good prefix of a quarantined log."""
+    snap = read_snapshot(fs, root, sid) if use_snapshot else None
+    if snap is not None and snap.end > 0:
+        data = read_log(fs, root, sid, offset=snap.end)
+        s = scan(sid, data, base_offset=snap.end, expect_seq=snap.seq + 1)
+        if s.corrupt is None and not (s.torn_bytes and not s.records):
+            state = snap.to_state()
+            for rec, end in _with_ends(s.records, data, snap.end):
+                state.apply(rec, end)
+            return state, True
+    data = read_log(fs, root, sid)
+    s = scan(sid, data, expect_seq=1)
+    state = SessionState()
+    for rec, end in _with_ends(s.records, data, 0):
+        state.apply(rec, end)
+    return state, False
+
+
+def _with_ends(records, data: bytes, base: int):  # type: ignore[no-untyped-def]
+    """Pair each record with the offset just past its line."""
+    pos = 0
+    for rec in records:
+        pos = data.index(b"\n", pos) + 1
+        yield rec, base + pos

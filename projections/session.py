@@ -1,0 +1,207 @@
+"""Pure folds from a session's records to its state. No I/O.
+
+- `apply_meta(meta, record)`: the session's meta, which is also its registry
+  row (frozen; a new one per change).
+- `SessionState.apply(record)`: meta plus the message DAG. Messages are frozen
+  `MessageSnapshot`s; the table holding them is updated in place, because
+  copying a long session's table per progress record would make replay
+  quadratic. The same fold serves live updates, full replay, snapshot + tail
+  replay and the rebuild CLI.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
+                               ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
+                               SessionRenamed)
+from eventstore.record import Record
+
+from .lifecycle import OPEN_STATUSES, can_move
+
+PREVIEW_LEN = 80
+
+
+def truncate_preview(text: str | None, max_len: int = PREVIEW_LEN) -> str | None:
+    """The spec's `_truncate`: strip, newlines to spaces, at most 80 characters
+    (else the first 77 and an ellipsis)."""
+    if not text:
+        return None
+    t = text.strip().replace("\n", " ")
+    return t[:max_len - 3] + "…" if len(t) > max_len else t
+
+
+class SessionMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's meta: the 15 stored registry fields plus `preview` (the 17th
+    field of a listed row, `project`, is filled in when listing). See
+    docs/API.md for each field."""
+    id: str
+    agent_id: str = "default"
+    source: str = "web"
+    title: str = ""
+    status: str = "idle"
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    pinned: bool = False
+    unread: bool = False
+    archived: bool = False
+    project_id: str | None = None
+    message_count: int = 0
+    user_titled: bool = msgspec.field(default=False, name="_user_titled")
+    auto_titled: bool = msgspec.field(default=False, name="_auto_titled")
+    title_gen_count: int = msgspec.field(default=0, name="_title_gen_count")
+    preview: str | None = None
+    # Not part of a row: ids of messages still pending or running (what the
+    # startup abort sweep needs without loading every message).
+    open_msgs: tuple[str, ...] = ()
+
+
+def apply_meta(meta: SessionMeta | None, record: Record) -> SessionMeta | None:
+    """Fold one record of a session log into the session's meta."""
+    replace = msgspec.structs.replace
+    match record.event:
+        case MessageProgress():
+            return meta
+        case SessionCreated() as c:
+            at = c.created_at or record.ts
+            return SessionMeta(id=c.session_id, agent_id=c.agent_id, source=c.source, title=c.title,
+                               project_id=c.project_id, created_at=at, updated_at=at)
+        case _ if meta is None:
+            return None
+        case MessageCreated(caller=caller, role=role, status=status, msg_id=msg_id, content=content):
+            open_msgs = meta.open_msgs + (msg_id,) if status in OPEN_STATUSES else meta.open_msgs
+            if caller is not None:
+                return replace(meta, open_msgs=open_msgs) if open_msgs is not meta.open_msgs else meta
+            preview = truncate_preview(content) if role == "user" else meta.preview
+            return replace(meta, message_count=meta.message_count + 1, updated_at=record.ts,
+                           preview=preview, open_msgs=open_msgs)
+        case MessageFinalized(msg_id=msg_id):
+            if msg_id not in meta.open_msgs:
+                return meta
+            return replace(meta, open_msgs=tuple(m for m in meta.open_msgs if m != msg_id))
+        case SessionRenamed() as r:
+            return replace(
+                meta, title=r.title,
+                user_titled=meta.user_titled if r.user_titled is None else r.user_titled,
+                auto_titled=meta.auto_titled if r.auto_titled is None else r.auto_titled,
+                title_gen_count=meta.title_gen_count if r.title_gen_count is None else r.title_gen_count)
+        case SessionFlags() as f:
+            return replace(
+                meta,
+                pinned=meta.pinned if f.pinned is None else f.pinned,
+                unread=meta.unread if f.unread is None else f.unread,
+                archived=meta.archived if f.archived is None else f.archived,
+                status=meta.status if f.status is None else f.status)
+        case ProjectBound(project_id=project_id):
+            return replace(meta, project_id=project_id)
+        case SessionDeleted():
+            return None
+        case _:
+            return meta
+
+
+class MessageSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A message as of some seq. `metadata` holds `context_tree`,
+    `partial_tokens_used` and `aborted_reason` when they exist."""
+    msg_id: str
+    role: str
+    kind: str
+    parent_id: str | None = None
+    caller: str | None = None
+    status: str = "done"
+    content: str = ""
+    started_at: float | None = None
+    last_update_at: float = 0.0
+    created_at: float = 0.0
+    seq: int = 0  # the last seq that changed this message
+    metadata: dict[str, Any] = {}
+    error: str | None = None
+    tokens: dict[str, int] | None = None
+
+
+class SessionState:
+    """Meta plus the message DAG of one session, as of `seq`."""
+
+    __slots__ = ("meta", "messages", "head", "seq", "end")
+
+    def __init__(self) -> None:
+        self.meta: SessionMeta | None = None
+        self.messages: dict[str, MessageSnapshot] = {}
+        self.head: str | None = None
+        self.seq = 0
+        self.end = 0  # byte offset just past record `seq` in the log
+
+    def apply(self, record: Record, end: int = 0) -> None:
+        """Fold one record (in seq order)."""
+        self.seq = record.seq
+        self.end = end
+        self.meta = apply_meta(self.meta, record)
+        msgs = self.messages
+        replace = msgspec.structs.replace
+        match record.event:
+            case MessageProgress() as p:
+                m = msgs.get(p.msg_id)
+                if m is None or m.status not in OPEN_STATUSES:
+                    return
+                content = m.content
+                if p.content_delta:
+                    content = content[:p.offset] + p.content_delta if p.offset != len(content) \
+                        else content + p.content_delta
+                md = m.metadata
+                if p.context_tree is not None or p.partial_tokens_used is not None:
+                    md = dict(md)
+                    if p.context_tree is not None:
+                        md["context_tree"] = p.context_tree
+                    if p.partial_tokens_used is not None:
+                        md["partial_tokens_used"] = p.partial_tokens_used
+                msgs[p.msg_id] = replace(m, content=content, status="running", metadata=md,
+                                         last_update_at=record.ts, seq=record.seq)
+            case MessageCreated() as c:
+                msgs[c.msg_id] = MessageSnapshot(
+                    msg_id=c.msg_id, role=c.role, kind=c.kind, parent_id=c.parent_id, caller=c.caller,
+                    status=c.status, content=c.content, started_at=c.started_at,
+                    last_update_at=record.ts, created_at=record.ts, seq=record.seq,
+                    metadata=dict(c.metadata))
+                if c.caller is None:
+                    self.head = c.msg_id
+            case MessageFinalized() as f:
+                m = msgs.get(f.msg_id)
+                if m is None or not can_move(m.status, f.status):
+                    return
+                md = m.metadata
+                if f.aborted_reason is not None:
+                    md = {**md, "aborted_reason": f.aborted_reason}
+                msgs[f.msg_id] = replace(
+                    m, status=f.status, content=m.content if f.content is None else f.content,
+                    error=f.error, tokens=f.tokens if f.tokens is not None else m.tokens,
+                    metadata=md, last_update_at=record.ts, seq=record.seq)
+            case ProjectRelocated() as r:
+                msgs[r.node_id] = MessageSnapshot(
+                    msg_id=r.node_id, role="system", kind="relocate", parent_id=self.head,
+                    caller="project", status="done", created_at=record.ts, last_update_at=record.ts,
+                    content=f"Project folder moved: {r.old_path} → {r.path}", seq=record.seq,
+                    metadata={"project_id": r.project_id, "old_path": r.old_path, "path": r.path})
+            case SessionDeleted():
+                msgs.clear()
+                self.head = None
+            case _:
+                pass
+
+    def branch(self) -> list[MessageSnapshot]:
+        """The current branch: the path from the root to head, plus the
+        non-conversational nodes (tool calls, relocations) hanging off it."""
+        path: list[str] = []
+        seen: set[str] = set()
+        mid = self.head
+        while mid is not None and mid not in seen and mid in self.messages:
+            seen.add(mid)
+            path.append(mid)
+            mid = self.messages[mid].parent_id
+        on_branch = set(path)
+        return [m for m in self.messages.values()
+                if m.msg_id in on_branch or (m.caller is not None and m.parent_id in on_branch)]
+
+    def running(self) -> list[MessageSnapshot]:
+        return [m for m in self.messages.values() if m.status in OPEN_STATUSES]

@@ -1,0 +1,148 @@
+"""In-flight messages and the throttled saver.
+
+A producer (an LLM stream, a tool, an agentic function) holds an
+`InflightMessage` and calls `write()`, `set_tree()` and `add_tokens()`: plain
+synchronous calls that only touch memory and mark the message dirty. One
+saver task per store wakes once per interval (250 ms by default) for *all*
+dirty messages and turns each one's pending changes into a single
+`message_progress` record, queued with `append_nowait` for the next commit
+batch: the producer never waits on a disk, there is no sleeping task per
+message, and a message is at most one interval (plus one batch) behind.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from eventstore.events import MessageProgress
+
+if TYPE_CHECKING:
+    from eventstore.commit import EventStore
+
+# spec/inflight-state.md: "throttled at ~250ms".
+PROGRESS_INTERVAL: Final = 0.250
+# spec/inflight-state.md: a running message silent this long is stalled.
+STALL_TIMEOUT: Final = 300.0
+
+
+class InflightMessage:
+    """The live handle of one running message."""
+
+    __slots__ = ("session_id", "msg_id", "kind", "role", "parent_id", "length", "_pending",
+                 "_pending_offset", "_tree", "_tree_dirty", "tokens", "_tokens_dirty",
+                 "last_activity", "scope", "abort_reason", "finished", "_saver")
+
+    def __init__(self, saver: ThrottledSaver, session_id: str, msg_id: str, kind: str, role: str,
+                 parent_id: str | None) -> None:
+        self._saver = saver
+        self.session_id = session_id
+        self.msg_id = msg_id
+        self.kind = kind
+        self.role = role
+        self.parent_id = parent_id
+        self.length = 0                 # characters written so far
+        self._pending: list[str] = []   # written, not yet in a record
+        self._pending_offset = 0        # where _pending starts
+        self._tree: Any = None
+        self._tree_dirty = False
+        self.tokens = {"input": 0, "output": 0}
+        self._tokens_dirty = False
+        self.last_activity = trio.current_time()
+        self.scope = trio.CancelScope()
+        self.abort_reason: str | None = None
+        self.finished = False
+
+    def write(self, delta: str) -> None:
+        """Append text to the message's content (cheap; never waits)."""
+        if not delta or self.finished:
+            return
+        self._pending.append(delta)
+        self.length += len(delta)
+        self.last_activity = trio.current_time()
+        self._saver.dirty[self] = None
+
+    def set_tree(self, tree: Any) -> None:
+        """Replace the message's context_tree (an agentic function's DAG)."""
+        if self.finished:
+            return
+        self._tree = tree
+        self._tree_dirty = True
+        self.last_activity = trio.current_time()
+        self._saver.dirty[self] = None
+
+    def add_tokens(self, input: int = 0, output: int = 0) -> None:  # noqa: A002 - the spec's names
+        """Add to the cumulative token counts (partial_tokens_used)."""
+        if self.finished:
+            return
+        self.tokens["input"] += input
+        self.tokens["output"] += output
+        self._tokens_dirty = True
+        self.last_activity = trio.current_time()
+        self._saver.dirty[self] = None
+
+    def take_progress(self) -> MessageProgress | None:
+        """The pending changes as one record (and forget them), or None."""
+        if not (self._pending or self._tree_dirty or self._tokens_dirty):
+            return None
+        delta = self._pending[0] if len(self._pending) == 1 else "".join(self._pending)
+        ev = MessageProgress(msg_id=self.msg_id, content_delta=delta, offset=self._pending_offset,
+                             context_tree=self._tree if self._tree_dirty else None,
+                             partial_tokens_used=dict(self.tokens) if self._tokens_dirty else None)
+        self._pending = []
+        self._pending_offset = self.length
+        self._tree_dirty = self._tokens_dirty = False
+        return ev
+
+
+class ThrottledSaver:
+    """One ticking task for every in-flight message of a store."""
+
+    def __init__(self, es: EventStore, interval: float = PROGRESS_INTERVAL,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
+        self.es = es
+        self.interval = interval
+        self.stall_timeout = stall_timeout
+        self.dirty: dict[InflightMessage, None] = {}
+        self.active: dict[tuple[str, str], InflightMessage] = {}
+        self.ticks = 0
+        self.late_ticks = 0
+
+    def flush(self, msg: InflightMessage) -> None:
+        """Queue the message's pending changes now (before a finalize)."""
+        self.dirty.pop(msg, None)
+        ev = msg.take_progress()
+        if ev is not None:
+            self.es.append_nowait(msg.session_id, ev)
+
+    def flush_all(self) -> None:
+        dirty, self.dirty = self.dirty, {}
+        append = self.es.append_nowait
+        for msg in dirty:
+            ev = msg.take_progress()
+            if ev is not None:
+                append(msg.session_id, ev)
+
+    def check_stalled(self) -> None:
+        now = trio.current_time()
+        for msg in list(self.active.values()):
+            if now - msg.last_activity > self.stall_timeout and not msg.finished:
+                msg.abort_reason = msg.abort_reason or "stalled"
+                msg.scope.cancel()
+
+    async def run(self) -> None:
+        """Tick forever: flush every dirty message once per interval."""
+        next_tick = trio.current_time() + self.interval
+        stall_every = max(1, int(1.0 / self.interval))
+        while True:
+            await trio.sleep_until(next_tick)
+            now = trio.current_time()
+            if now - next_tick > self.interval:
+                self.late_ticks += 1
+                next_tick = now  # fell behind: do not try to catch up in a burst
+            next_tick += self.interval
+            self.ticks += 1
+            if self.dirty:
+                self.flush_all()
+            if self.ticks % stall_every == 0 and self.active:
+                self.check_stalled()

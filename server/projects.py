@@ -1,0 +1,134 @@
+"""The project registry: its own log (`<root>/projects/log.jsonl`), folded
+into id -> Project. The default project is the home directory; it is never
+stored, refuses to relocate, and its path is restored on every read."""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Final
+
+import msgspec
+import trio
+
+from eventstore.errors import TornTail
+from eventstore.events import ProjectCreated, ProjectMoved
+from eventstore.fsio import FileOps
+from eventstore.log import append_durable, repair_torn_tail, scan
+from eventstore.record import encode_record
+
+from .errors import BadRequest, NotFound
+
+DEFAULT_PROJECT_ID: Final = "default"
+PROJECTS_DIR: Final = "projects"
+
+
+class Project(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    path: str
+    is_default: bool = False
+
+
+class ProjectView(msgspec.Struct, frozen=True, kw_only=True):
+    """What list_projects returns: a project and whether its folder is gone."""
+    id: str
+    name: str
+    path: str
+    is_default: bool
+    path_missing: bool
+
+
+class ProjectRegistry:
+    def __init__(self, fs: FileOps, root: str, home: str) -> None:
+        self.fs = fs
+        self.path = os.path.join(root, PROJECTS_DIR, "log.jsonl")
+        self.home = home
+        self._projects: dict[str, Project] = {}
+        self._seq = 0
+        self._lock = trio.Lock()
+        self.torn: TornTail | None = None
+
+    def load_sync(self) -> None:
+        self.fs.makedirs(os.path.dirname(self.path))
+        if not self.fs.exists(self.path):
+            return
+        data = self.fs.read_bytes(self.path)
+        s = scan("projects", data, expect_seq=1)
+        if s.corrupt is not None:
+            raise s.corrupt
+        if s.torn_bytes:
+            self.torn = repair_torn_tail(self.fs, self.path, "projects", data, s.good_end)
+        for rec in s.records:
+            self._apply(rec.event)
+            self._seq = rec.seq
+
+    def _apply(self, ev: object) -> None:
+        match ev:
+            case ProjectCreated(project_id=pid, name=name, path=path):
+                self._projects[pid] = Project(id=pid, name=name, path=path)
+            case ProjectMoved(project_id=pid, path=path) if pid in self._projects:
+                self._projects[pid] = msgspec.structs.replace(self._projects[pid], path=path)
+
+    def default(self) -> Project:
+        return Project(id=DEFAULT_PROJECT_ID, name="Home", path=self.home, is_default=True)
+
+    def get(self, project_id: str) -> Project:
+        if project_id == DEFAULT_PROJECT_ID:
+            return self.default()
+        try:
+            return self._projects[project_id]
+        except KeyError:
+            raise NotFound("unknown_project", f"unknown project {project_id!r}") from None
+
+    def __contains__(self, project_id: str) -> bool:
+        return project_id == DEFAULT_PROJECT_ID or project_id in self._projects
+
+    def list(self) -> list[ProjectView]:
+        out = []
+        for p in [self.default(), *self._projects.values()]:
+            out.append(ProjectView(id=p.id, name=p.name, path=p.path, is_default=p.is_default,
+                                   path_missing=not os.path.isdir(p.path)))
+        return out
+
+    def workdir_for(self, project_id: str | None) -> str | None:
+        """The project's folder, or None when it vanished (never the home
+        directory in its place)."""
+        p = self.get(project_id or DEFAULT_PROJECT_ID)
+        return p.path if os.path.isdir(p.path) else None
+
+    async def _append(self, ev: ProjectCreated | ProjectMoved) -> None:
+        async with self._lock:
+            line = encode_record(self._seq + 1, time.time(), ev)
+            await trio.to_thread.run_sync(append_durable, self.fs, self.path, line)
+            self._seq += 1
+            self._apply(ev)
+
+    async def create(self, name: str, path: str) -> Project:
+        path = _checked_dir(path)
+        pid = "p-" + secrets.token_hex(6)
+        await self._append(ProjectCreated(project_id=pid, name=name or os.path.basename(path), path=path))
+        return self._projects[pid]
+
+    async def relocate(self, project_id: str, path: str) -> tuple[str, str]:
+        """Point a project at a new folder, keeping its id. Returns (old, new)."""
+        p = self.get(project_id)
+        if p.is_default:
+            raise BadRequest("default_project", "the default project cannot be relocated: "
+                             "its path is the home directory")
+        new = _checked_dir(path)
+        await self._append(ProjectMoved(project_id=project_id, old_path=p.path, path=new))
+        return p.path, new
+
+
+def _checked_dir(path: str) -> str:
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise BadRequest("bad_path", "a project path must be a non-empty string")
+    if not os.path.isabs(path):
+        raise BadRequest("bad_path", f"project path {path!r} is not absolute")
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        raise BadRequest("bad_path", f"project path {path!r} does not exist")
+    if not os.path.isdir(real):
+        raise BadRequest("bad_path", f"project path {path!r} is not a directory")
+    return real

@@ -1,0 +1,748 @@
+"""The session store: the library API (commands -> events, queries -> projections).
+
+    async with open_session_store(root) as store:
+        meta, first_id = await store.create_session(agent_id="a", first_message="hi")
+        async with store.inflight(meta.id, kind="llm_reply") as msg:
+            msg.write("Hello")
+
+Every operation appends events to the session's log through the event store;
+every read is a projection (the registry in memory, a session's state loaded
+from its snapshot plus the log's tail). See docs/API.md.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import trio
+
+from eventstore import (Appended, EventStore, FileOps, OS_FILES, Record, SessionExists, SyncMode,
+                        UnknownSession, new_session_id, open_event_store, validate_session_id)
+from eventstore.events import (Event, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
+                               ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
+                               SessionRenamed)
+from eventstore.log import read_log, scan
+from projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index, encode_snapshot,
+                                    write_index, write_snapshot)
+from projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
+from projections.maintenance import MaintenanceConfig, plan_maintenance
+from projections.recovery import RecoveryReport, load_session_state, recover_registry
+from projections.registry import InvalidFilter, Registry
+from projections.session import MessageSnapshot, SessionMeta, SessionState
+
+from .errors import BadRequest, Conflict, NotFound
+from .inflight import PROGRESS_INTERVAL, STALL_TIMEOUT, InflightMessage, ThrottledSaver
+from .projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
+from .subscriptions import MsgUpdate, Subscription, SubscriptionHub
+from .titles import RECENT_FOR_TITLE, RETITLE_AT_TURNS, KeywordTitler, TitleGenerator, title_from_text
+
+log = logging.getLogger("sessionlog")
+
+FROZEN_ERROR = "project is frozen after the first turn"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Every tunable of a store, with the spec's values as defaults."""
+    checkpoint_interval: float = 5.0      # index.json debounce (spec: 5 s)
+    snapshot_interval: float = 2.0        # snapshot.json debounce for running sessions
+    progress_interval: float = PROGRESS_INTERVAL
+    stall_timeout: float = STALL_TIMEOUT
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    sync_mode: SyncMode = "auto"
+    home: str = field(default_factory=lambda: os.path.expanduser("~"))
+    state_cache: int = 256                # loaded sessions kept in memory besides running ones
+
+
+class UpdateFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fields update_session accepts (all optional)."""
+    title: str | msgspec.UnsetType = msgspec.UNSET
+    status: Literal["idle", "running"] | msgspec.UnsetType = msgspec.UNSET
+    pinned: bool | msgspec.UnsetType = msgspec.UNSET
+    archived: bool | msgspec.UnsetType = msgspec.UNSET
+    unread: bool | msgspec.UnsetType = msgspec.UNSET
+    user_titled: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="_user_titled")
+    auto_titled: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="_auto_titled")
+    title_gen_count: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="_title_gen_count")
+
+
+_TITLE_FIELDS = {"title": "title", "user_titled": "_user_titled", "auto_titled": "_auto_titled",
+                 "title_gen_count": "_title_gen_count"}
+_FLAG_FIELDS = ("pinned", "unread", "archived", "status")
+
+Watcher = Callable[[str, dict[str, Any]], None]
+
+
+def row_of(meta: SessionMeta, project: ProjectView | None) -> dict[str, Any]:
+    """The 17-field listing row: the stored fields, preview and project."""
+    row = msgspec.to_builtins(meta)
+    del row["open_msgs"]
+    row["project"] = None if project is None else {
+        "id": project.id, "name": project.name, "path": project.path, "path_missing": project.path_missing}
+    return row
+
+
+class SessionStore:
+    """Use `open_session_store()`."""
+
+    def __init__(self, root: str, es: EventStore, fs: FileOps, config: StoreConfig,
+                 titler: TitleGenerator) -> None:
+        self.root = root
+        self.es = es
+        self.fs = fs
+        self.config = config
+        self.titler = titler
+        self.registry = Registry()
+        self.projects = ProjectRegistry(fs, root, config.home)
+        self.hub = SubscriptionHub()
+        self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout)
+        self.watchers: list[Watcher] = []
+        self.recovery: RecoveryReport | None = None
+        self.removed_at_start: list[tuple[str, str]] = []
+        self.aborted_at_start: list[tuple[str, str]] = []
+        self._states: OrderedDict[str, SessionState] = OrderedDict()
+        self._loading: dict[str, list[tuple[Record, int]]] = {}
+        self._load_done: dict[str, trio.Event] = {}
+        self._ckpt_dirty = trio.Event()
+        self._snap_dirty: set[str] = set()
+        self._snap_wake = trio.Event()
+        self._ckpt_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self.shutting_down = False
+        es.listeners.append(self._on_record)
+
+    # -- the live projection ------------------------------------------------
+
+    def _on_record(self, sid: str, rec: Record, end: int) -> None:
+        self.registry.apply(sid, rec, end)
+        state = self._states.get(sid)
+        if state is not None:
+            state.apply(rec, end)
+        buf = self._loading.get(sid)
+        if buf is not None:
+            buf.append((rec, end))
+        ev = rec.event
+        if type(ev) is MessageProgress:
+            if self.hub.wants(sid, ev.msg_id):
+                self.hub.publish(MsgUpdate(
+                    session_id=sid, msg_id=ev.msg_id, seq=rec.seq, offset=ev.offset,
+                    content_delta=ev.content_delta, status="running", tree=ev.context_tree,
+                    tokens=ev.partial_tokens_used, durable_seq=self.es.durable_seq(sid)))
+            return
+        if not self._ckpt_dirty.is_set():
+            self._ckpt_dirty.set()
+        if isinstance(ev, MessageFinalized | MessageCreated | ProjectRelocated):
+            self._snap_dirty.add(sid)
+            self._snap_wake.set()
+        if isinstance(ev, MessageFinalized) and self.hub.wants(sid, ev.msg_id):
+            m = state.messages.get(ev.msg_id) if state is not None else None
+            content = m.content if m is not None else (ev.content or "")
+            self.hub.publish(MsgUpdate(
+                session_id=sid, msg_id=ev.msg_id, seq=rec.seq, offset=0, content_delta=content,
+                status=ev.status, tokens=ev.tokens, error=ev.error, aborted_reason=ev.aborted_reason,
+                tree=m.metadata.get("context_tree") if m is not None else None,
+                durable_seq=self.es.durable_seq(sid)))
+
+    def _notify(self, kind: str, data: dict[str, Any]) -> None:
+        for w in list(self.watchers):
+            w(kind, data)
+
+    # -- lookups ------------------------------------------------------------
+
+    def get_meta(self, session_id: str) -> SessionMeta:
+        validate_session_id(session_id)
+        meta = self.registry.get(session_id)
+        if meta is None:
+            raise NotFound("unknown_session", f"unknown session {session_id!r}")
+        return meta
+
+    def get_row(self, session_id: str) -> dict[str, Any]:
+        meta = self.get_meta(session_id)
+        return row_of(meta, self._project_view(meta.project_id))
+
+    def _project_view(self, project_id: str | None) -> ProjectView | None:
+        pid = project_id or DEFAULT_PROJECT_ID
+        for p in self.projects.list() if pid in self.projects else ():
+            if p.id == pid:
+                return p
+        return None
+
+    async def load_session(self, session_id: str) -> SessionState:
+        """The session's full state (meta + message DAG), from memory, or from its
+        snapshot plus the log's tail."""
+        self.get_meta(session_id)
+        state = self._states.get(session_id)
+        if state is not None:
+            self._states.move_to_end(session_id)
+            return state
+        pending = self._load_done.get(session_id)
+        if pending is not None:
+            await pending.wait()
+            return await self.load_session(session_id)
+        done = self._load_done[session_id] = trio.Event()
+        buf = self._loading[session_id] = []
+        try:
+            await self.es.flush()  # everything appended before now is in the file
+            state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
+            for rec, end in buf:
+                if rec.seq > state.seq:
+                    state.apply(rec, end)
+        finally:
+            del self._loading[session_id]
+            del self._load_done[session_id]
+            done.set()
+        if session_id not in self.registry:
+            raise NotFound("unknown_session", f"session {session_id!r} was deleted")
+        self._states[session_id] = state
+        self._evict_states()
+        return state
+
+    def _evict_states(self) -> None:
+        excess = len(self._states) - self.config.state_cache
+        if excess <= 0:
+            return
+        for sid in list(self._states):
+            if excess <= 0:
+                break
+            st = self._states[sid]
+            meta = st.meta
+            if meta is not None and meta.open_msgs:
+                continue
+            del self._states[sid]
+            excess -= 1
+
+    async def get_messages(self, session_id: str) -> list[MessageSnapshot]:
+        """The messages of the current branch, root first (works while archived)."""
+        return (await self.load_session(session_id)).branch()
+
+    # -- create / append --------------------------------------------------
+
+    async def create_session(self, session_id: str | None = None, *, agent_id: str = "default",
+                             source: str = "web", title: str = "", project_id: str | None = None,
+                             first_message: str | None = None) -> tuple[SessionMeta, str | None]:
+        """Create a session, durable at birth: when this returns its log and the
+        folders above it are fsynced. With `first_message`, the user's first
+        message is in the same write (no empty shell). Returns (meta, msg_id)."""
+        sid = new_session_id() if session_id is None else validate_session_id(session_id)
+        if project_id is not None:
+            self.projects.get(project_id)
+        if sid in self.registry:
+            raise Conflict("session_exists", f"session {sid!r} already exists")
+        events: list[Event] = [SessionCreated(session_id=sid, agent_id=agent_id, source=source, title=title,
+                                              project_id=project_id, created_at=time.time())]
+        msg_id = None
+        if first_message is not None:
+            msg_id = new_session_id()
+            events.append(MessageCreated(msg_id=msg_id, role="user", kind="chat", content=first_message))
+        self._states[sid] = SessionState()
+        try:
+            await self.es.create(sid, events)
+        except SessionExists:
+            self._states.pop(sid, None)
+            raise Conflict("session_exists", f"session {sid!r} already exists") from None
+        except BaseException:
+            self._states.pop(sid, None)
+            raise
+        self._evict_states()
+        meta = self.get_meta(sid)
+        self._notify("session_created", self.get_row(sid))
+        return meta, msg_id
+
+    async def append_message(self, session_id: str, content: str, *, role: str = "user",
+                             kind: str = "chat", parent_id: str | None = None,
+                             metadata: dict[str, Any] | None = None) -> str:
+        """Append a finished message (durably) on the current branch; a user
+        message updates the preview and updated_at. Returns its id."""
+        state = await self.load_session(session_id)
+        if parent_id is not None and parent_id not in state.messages:
+            raise NotFound("unknown_message", f"unknown message {parent_id!r}")
+        if not _valid_kind(role, kind) or not isinstance(content, str):
+            raise BadRequest("bad_field", f"bad role {role!r}, kind {kind!r} or content")
+        msg_id = new_session_id()
+        await self._append(session_id, MessageCreated(
+            msg_id=msg_id, role=role, kind=kind, parent_id=parent_id or state.head,  # type: ignore[arg-type]
+            content=content, metadata=metadata or {}))
+        if role == "assistant":
+            self._after_reply(session_id)
+        return msg_id
+
+    async def _append(self, session_id: str, *events: Event) -> list[Appended]:
+        try:
+            return await self.es.append_many(session_id, events)
+        except UnknownSession:
+            raise NotFound("unknown_session", f"unknown session {session_id!r}") from None
+
+    # -- updates ------------------------------------------------------------
+
+    async def update_session(self, session_id: str, **fields: Any) -> dict[str, Any]:
+        """Change title, status, pinned, archived, unread and the title flags
+        (`_user_titled`, `_auto_titled`, `_title_gen_count`). Only the fields
+        passed; returns exactly those that changed (what `session_updated`
+        carries). Unknown fields and wrong types raise BadRequest and change
+        nothing."""
+        meta = self.get_meta(session_id)
+        try:
+            upd = msgspec.convert(fields, UpdateFields, strict=True)
+        except msgspec.ValidationError as e:
+            raise BadRequest("bad_field", f"update_session: {e}") from None
+        changed: dict[str, Any] = {}
+        title_kw: dict[str, Any] = {}
+        for attr, wire in _TITLE_FIELDS.items():
+            v = getattr(upd, attr)
+            if v is not msgspec.UNSET and v != getattr(meta, attr):
+                changed[wire] = v
+                title_kw[attr] = v
+        flag_kw = {}
+        for attr in _FLAG_FIELDS:
+            v = getattr(upd, attr)
+            if v is not msgspec.UNSET and v != getattr(meta, attr):
+                changed[attr] = v
+                flag_kw[attr] = v
+        events: list[Event] = []
+        if title_kw:
+            events.append(SessionRenamed(title=title_kw.pop("title", meta.title), **title_kw))
+        if flag_kw:
+            events.append(SessionFlags(**flag_kw))
+        if events:
+            await self._append(session_id, *events)
+            self._notify("session_updated", {"id": session_id, **changed})
+        return changed
+
+    async def rename_session(self, session_id: str, title: str) -> dict[str, Any]:
+        """A manual rename: sets `_user_titled`, after which auto-naming stops for good."""
+        if not isinstance(title, str) or not title.strip():
+            raise BadRequest("bad_field", "a title must be a non-empty string")
+        return await self.update_session(session_id, title=title.strip(), _user_titled=True)
+
+    async def regenerate_title(self, session_id: str) -> dict[str, Any]:
+        """Have the title generator name the session now; does not lock the title."""
+        state = await self.load_session(session_id)
+        title = await self.titler.generate(self._recent(state))
+        return await self.update_session(session_id, title=title or state.meta.title)  # type: ignore[union-attr]
+
+    async def set_archived(self, session_id: str, flag: bool) -> bool:
+        """Archive or unarchive; False for an unknown session. updated_at is kept."""
+        try:
+            await self.update_session(session_id, archived=flag)
+        except NotFound:
+            return False
+        return True
+
+    async def delete_session(self, session_id: str) -> bool:
+        """A durable tombstone, then the registry row, then the folder. A crash
+        in between finishes at the next start. False for an unknown session."""
+        validate_session_id(session_id)
+        if session_id not in self.registry:
+            return False
+        for msg in [m for (sid, _), m in self.saver.active.items() if sid == session_id]:
+            msg.abort_reason = "session deleted"
+            msg.scope.cancel()
+        await self._append(session_id, SessionDeleted())
+        self._states.pop(session_id, None)
+        self._snap_dirty.discard(session_id)
+        await self.es.remove(session_id)
+        self._notify("session_deleted", {"session_id": session_id})
+        return True
+
+    # -- listing ------------------------------------------------------------
+
+    def list_sessions(self, *, filters: dict[str, Any] | None = None, include_archived: bool = False,
+                      archived: bool | None = None, offset: int = 0, limit: int | None = None
+                      ) -> tuple[list[dict[str, Any]], int]:
+        """Rows newest first (pure in memory). Returns (rows, total before paging)."""
+        try:
+            metas, total = self.registry.select(filters=filters, include_archived=include_archived,
+                                                archived=archived, offset=offset, limit=limit)
+        except InvalidFilter as e:
+            raise BadRequest("bad_filter", str(e)) from None
+        views = {p.id: p for p in self.projects.list()}
+        return [row_of(m, views.get(m.project_id or DEFAULT_PROJECT_ID)) for m in metas], total
+
+    # -- projects ---------------------------------------------------------
+
+    def list_projects(self) -> list[ProjectView]:
+        return self.projects.list()
+
+    async def create_project(self, name: str, path: str) -> ProjectView:
+        p = await self.projects.create(name, path)
+        self._notify("projects_changed", {})
+        view = self._project_view(p.id)
+        assert view is not None
+        return view
+
+    def project_workdir_for(self, session_id: str) -> str | None:
+        """The bound project's folder, or None when it vanished."""
+        return self.projects.workdir_for(self.get_meta(session_id).project_id)
+
+    async def set_session_project(self, session_id: str, project_id: str) -> dict[str, Any]:
+        """Bind while the session has no message; naming the bound project again
+        is accepted at any age; another one after the first turn is refused."""
+        meta = self.get_meta(session_id)
+        self.projects.get(project_id)
+        current = meta.project_id or DEFAULT_PROJECT_ID
+        if current == project_id:
+            return {}
+        if meta.message_count > 0:
+            raise Conflict("project_frozen", FROZEN_ERROR)
+        await self._append(session_id, ProjectBound(project_id=project_id))
+        self._notify("session_updated", {"id": session_id, "project_id": project_id})
+        return {"project_id": project_id}
+
+    async def relocate_project(self, session_id: str, project_id: str, path: str) -> dict[str, Any]:
+        """Repair a moved project folder: validate the new directory, rewrite the
+        project's path (its id kept, every bound session follows) and record a
+        relocation node in the session's graph that never moves head."""
+        self.get_meta(session_id)
+        old, new = await self.projects.relocate(project_id, path)
+        node_id = new_session_id()
+        await self._append(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,
+                                                        old_path=old, path=new))
+        self._notify("projects_changed", {})
+        return {"ok": True, "old_path": old, "path": new, "node_id": node_id}
+
+    # -- in-flight ----------------------------------------------------------
+
+    @asynccontextmanager
+    async def inflight(self, session_id: str, *, kind: str = "llm_reply", role: str = "assistant",
+                       parent_id: str | None = None, caller: str | None = None,
+                       metadata: dict[str, Any] | None = None) -> AsyncIterator[InflightMessage]:
+        """Run in-flight work as a message: a durable placeholder before the block,
+        throttled progress while it runs, and a durable terminal state after it:
+        done on a normal exit, error on an exception, aborted on cancellation
+        (with the reason: "stopped by user", "stalled", "server shutdown")."""
+        state = await self.load_session(session_id)
+        if not _valid_kind(role, kind) or kind in ("chat", "relocate"):
+            raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
+        if parent_id is not None and parent_id not in state.messages:
+            raise NotFound("unknown_message", f"unknown message {parent_id!r}")
+        if self.shutting_down:
+            raise Conflict("shutting_down", "the server is shutting down")
+        msg_id = new_session_id()
+        parent = parent_id if parent_id is not None else state.head
+        placeholder = MessageCreated(msg_id=msg_id, role=role, kind=kind,  # type: ignore[arg-type]
+                                     parent_id=parent, caller=caller, status="running",
+                                     started_at=time.time(), metadata=metadata or {})
+        events: list[Event] = [placeholder]
+        if state.meta is not None and state.meta.status != "running":
+            events.append(SessionFlags(status="running"))
+        msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent)
+        self.saver.active[(session_id, msg_id)] = msg
+        try:
+            await self._append(session_id, *events)
+        except BaseException:
+            self.saver.active.pop((session_id, msg_id), None)
+            raise
+        status, error, reason = "done", None, None
+        try:
+            with msg.scope:
+                yield msg
+            if msg.scope.cancelled_caught:
+                status, reason = "aborted", msg.abort_reason or "stopped by user"
+        except trio.Cancelled:
+            status, reason = "aborted", msg.abort_reason or "server shutdown"
+            raise
+        except BaseException as e:
+            status, error = "error", f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._finalize(msg, status, error=error, reason=reason)
+
+    async def _finalize(self, msg: InflightMessage, status: str, *, error: str | None = None,
+                        reason: str | None = None) -> None:
+        if msg.finished:
+            return
+        self.saver.flush(msg)
+        msg.finished = True
+        self.saver.active.pop((msg.session_id, msg.msg_id), None)
+        if msg.session_id not in self.registry or self.es.broken is not None:
+            return
+        tokens = dict(msg.tokens) if any(msg.tokens.values()) else None
+        events: list[Event] = [MessageFinalized(msg_id=msg.msg_id, status=status,  # type: ignore[arg-type]
+                                                error=error, aborted_reason=reason, tokens=tokens)]
+        meta = self.registry.get(msg.session_id)
+        if meta is not None and set(meta.open_msgs) <= {msg.msg_id} and meta.status == "running":
+            events.append(SessionFlags(status="idle"))
+        await self._append(msg.session_id, *events)
+        if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
+            self._after_reply(msg.session_id)
+
+    async def finalize_message(self, session_id: str, msg_id: str, status: str, *,
+                               content: str | None = None, error: str | None = None,
+                               reason: str | None = None) -> None:
+        """Finalize a message that has no live producer in this process (a
+        placeholder created elsewhere). Illegal transitions raise and change nothing."""
+        state = await self.load_session(session_id)
+        m = state.messages.get(msg_id)
+        if m is None:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        check_move(msg_id, m.status, status)
+        live = self.saver.active.get((session_id, msg_id))
+        if live is not None:
+            self.saver.flush(live)
+            live.finished = True
+            self.saver.active.pop((session_id, msg_id), None)
+        await self._append(session_id, MessageFinalized(msg_id=msg_id, status=status,  # type: ignore[arg-type]
+                                                        content=content, error=error, aborted_reason=reason))
+
+    def stop(self, session_id: str, msg_id: str) -> bool:
+        """Cancel a running message; it is finalized aborted "stopped by user".
+        False when no producer of it runs here."""
+        msg = self.saver.active.get((session_id, msg_id))
+        if msg is None:
+            return False
+        msg.abort_reason = "stopped by user"
+        msg.scope.cancel()
+        return True
+
+    async def retry_target(self, session_id: str, msg_id: str) -> MessageSnapshot:
+        """The message to retry (a finished conversational reply); the retry runs
+        as a new in-flight message with the same parent (a sibling branch)."""
+        state = await self.load_session(session_id)
+        m = state.messages.get(msg_id)
+        if m is None:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        if m.status not in TERMINAL_STATUSES:
+            raise Conflict("message_running", f"message {msg_id} is still {m.status}")
+        if m.role != "assistant" or m.caller is not None:
+            raise Conflict("not_retryable", f"message {msg_id} is not an assistant reply")
+        return m
+
+    @asynccontextmanager
+    async def retry(self, session_id: str, msg_id: str) -> AsyncIterator[InflightMessage]:
+        """A new reply on a sibling branch of `msg_id` (same parent); head moves to it."""
+        m = await self.retry_target(session_id, msg_id)
+        async with self.inflight(session_id, kind=m.kind, role=m.role, parent_id=m.parent_id or None) as msg:
+            yield msg
+
+    async def subscribe(self, session_id: str, msg_id: str, *, offset: int | None = None,
+                        after_seq: int | None = None) -> Subscription:
+        """Subscribe to a message's updates. Say what you have (`offset`: characters
+        of content; or `after_seq`: the seq your copy is as of) and the first update
+        holds exactly the rest, then the live tail; it ends at a terminal status."""
+        state = await self.load_session(session_id)
+        if msg_id not in state.messages:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        have = 0
+        if offset is not None:
+            have = offset
+        elif after_seq is not None:
+            have = await self._length_at(session_id, msg_id, after_seq)
+        m = state.messages.get(msg_id)
+        if m is None:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        if have < 0 or have > len(m.content):
+            raise BadRequest("bad_offset", f"offset {have} is outside the message's {len(m.content)} characters")
+        sub = self.hub.add(session_id, msg_id, have)
+        sub.push(MsgUpdate(session_id=session_id, msg_id=msg_id, seq=m.seq, offset=0, content_delta=m.content,
+                           status=m.status, tree=m.metadata.get("context_tree"),
+                           tokens=m.metadata.get("partial_tokens_used") if m.tokens is None else m.tokens,
+                           error=m.error, aborted_reason=m.metadata.get("aborted_reason"),
+                           durable_seq=self.es.durable_seq(session_id)))
+        return sub
+
+    async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
+        """How long the message's content was as of `seq` (read from the log)."""
+        await self.es.flush()
+        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
+        length = 0
+        for rec in scan(session_id, data).records:
+            if rec.seq > seq:
+                break
+            ev = rec.event
+            if isinstance(ev, MessageCreated) and ev.msg_id == msg_id:
+                length = len(ev.content)
+            elif isinstance(ev, MessageProgress) and ev.msg_id == msg_id:
+                length = ev.offset + len(ev.content_delta)
+            elif isinstance(ev, MessageFinalized) and ev.msg_id == msg_id and ev.content is not None:
+                length = len(ev.content)
+        return length
+
+    # -- titles -------------------------------------------------------------
+
+    def _after_reply(self, session_id: str) -> None:
+        if self._nursery is not None and not self.shutting_down:
+            self._nursery.start_soon(self._maybe_auto_title, session_id)
+
+    @staticmethod
+    def _recent(state: SessionState) -> list[MessageSnapshot]:
+        return [m for m in state.branch() if m.caller is None][-RECENT_FOR_TITLE:]
+
+    async def _maybe_auto_title(self, session_id: str) -> None:
+        """spec "Auto-naming": phase 1 at the first reply, phase 2 in the background
+        at the 1st, 6th, 16th and 40th, with the race checks."""
+        try:
+            state = await self.load_session(session_id)
+            meta = state.meta
+            if meta is None or meta.user_titled:
+                return
+            replies = sum(1 for m in state.messages.values()
+                          if m.role == "assistant" and m.caller is None and m.status == "done")
+            if replies not in RETITLE_AT_TURNS:
+                return
+            gen = meta.title_gen_count
+            phase1 = None
+            if gen == 0:
+                first_user = next((m for m in state.branch() if m.role == "user"), None)
+                phase1 = title_from_text(first_user.content if first_user else "") or meta.title
+                await self.update_session(session_id, title=phase1, _auto_titled=True, _title_gen_count=1)
+                gen = 1
+            elif gen >= len(RETITLE_AT_TURNS) + 1 or replies <= _turn_of(gen):
+                return
+            title = await self.titler.generate(self._recent(state))
+            meta = self.registry.get(session_id)
+            if meta is None or meta.user_titled or not title:
+                return  # deleted, or the user renamed meanwhile: give up
+            if phase1 is not None and meta.title != phase1:
+                return  # the phase-1 title was changed meanwhile: give up
+            await self.update_session(session_id, title=title[:80], _auto_titled=True, _title_gen_count=gen + 1)
+        except (NotFound, trio.Cancelled):
+            raise
+        except Exception:  # a title is never worth a crash; the next threshold tries again
+            log.exception("auto-title of %s failed", session_id)
+
+    # -- checkpoints --------------------------------------------------------
+
+    async def write_checkpoint(self) -> int:
+        """Write index.json with every row whose state is durable. Returns rows written."""
+        async with self._ckpt_lock:
+            await self.es.flush()
+            entries = {}
+            es = self.es
+            for sid, meta in self.registry.rows.items():
+                mark = self.registry.marks.get(sid)
+                if mark is None or sid not in es:
+                    continue
+                if mark.meta_seq <= es.durable_seq(sid):
+                    entries[sid] = SessionEntry(seq=es.durable_seq(sid), end=es.durable_end(sid), meta=meta)
+            data = encode_index(IndexCheckpoint(written_at=time.time(), sessions=entries))
+            await trio.to_thread.run_sync(write_index, self.fs, self.root, data)
+            return len(entries)
+
+    async def write_snapshot(self, session_id: str) -> bool:
+        """Write a loaded session's snapshot.json as of a durable seq."""
+        state = self._states.get(session_id)
+        if state is None or session_id not in self.es:
+            return False
+        if state.seq > self.es.durable_seq(session_id):
+            await self.es.wait_durable(session_id, state.seq)
+        state = self._states.get(session_id)
+        if state is None or session_id not in self.es or state.seq > self.es.durable_seq(session_id):
+            return False
+        data = encode_snapshot(state)
+        await trio.to_thread.run_sync(write_snapshot, self.fs, self.root, session_id, data)
+        return True
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await self._ckpt_dirty.wait()
+            await trio.sleep(self.config.checkpoint_interval)
+            self._ckpt_dirty = trio.Event()
+            await self.write_checkpoint()
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await self._snap_wake.wait()
+            await trio.sleep(self.config.snapshot_interval)
+            self._snap_wake = trio.Event()
+            dirty, self._snap_dirty = self._snap_dirty, set()
+            for sid in dirty:
+                await self.write_snapshot(sid)
+
+    # -- startup / shutdown -------------------------------------------------
+
+    async def _start(self) -> None:
+        registry, found, report = await trio.to_thread.run_sync(recover_registry, self.fs, self.root)
+        self.recovery = report
+        for sid, rec in found.items():
+            self.es.register(sid, rec.seq, rec.end, rec.corrupt)
+        self.registry = registry
+        await trio.to_thread.run_sync(self.projects.load_sync)
+        for t in report.torn:
+            log.warning("%s", t)
+        for c in report.quarantined:
+            log.error("%s: session quarantined (read-only) until `sessionlog repair`", c)
+        for sid in report.unfinished_deletions:
+            log.info("finished the interrupted deletion of session %s", sid)
+        # The abort sweep: nothing is running whose writer is gone.
+        for sid, meta in list(registry.rows.items()):
+            if meta.open_msgs and self.es.corruption(sid) is None:
+                events: list[Event] = [MessageFinalized(msg_id=m, status="aborted", aborted_reason="worker restart")
+                                       for m in meta.open_msgs]
+                await self._append(sid, *events)
+                self.aborted_at_start += [(sid, m) for m in meta.open_msgs]
+        # Maintenance in the spec's order.
+        plan = plan_maintenance(list(self.registry.rows.values()), time.time(), self.config.maintenance)
+        for sid in plan.to_idle:
+            if self.es.corruption(sid) is None:
+                await self._append(sid, SessionFlags(status="idle"))
+        for sid, why in plan.removals():
+            if self.es.corruption(sid) is None:
+                await self.delete_session(sid)
+                self.removed_at_start.append((sid, why))
+                log.info("removed session %s at startup: %s", sid, why)
+        if self.aborted_at_start:
+            log.info("aborted %d message(s) left running by a dead writer", len(self.aborted_at_start))
+        await self.write_checkpoint()
+
+    async def _shutdown(self) -> None:
+        """Flush every saver, abort what still runs ("server shutdown"), write
+        the checkpoint and the snapshots."""
+        self.shutting_down = True
+        if self.es.broken is not None:
+            return
+        for msg in list(self.saver.active.values()):
+            msg.abort_reason = msg.abort_reason or "server shutdown"
+            await self._finalize(msg, "aborted", reason=msg.abort_reason)
+        for sid in list(self._snap_dirty):
+            await self.write_snapshot(sid)
+        await self.write_checkpoint()
+
+
+def _turn_of(gen: int) -> int:
+    """The reply count at which title generation number `gen` ran."""
+    return RETITLE_AT_TURNS[min(gen, len(RETITLE_AT_TURNS)) - 1]
+
+
+_ROLES = {"user", "assistant", "tool", "system"}
+_KINDS = {"chat", "llm_reply", "tool_call", "agentic_fn", "task_spawn", "merge", "relocate"}
+
+
+def _valid_kind(role: object, kind: object) -> bool:
+    return role in _ROLES and kind in _KINDS
+
+
+@asynccontextmanager
+async def open_session_store(root: str, *, config: StoreConfig | None = None, fs: FileOps = OS_FILES,
+                             titler: TitleGenerator | None = None) -> AsyncIterator[SessionStore]:
+    """Open (recovering first) the session store at `root`; background work
+    (commit, throttled saver, checkpoints, titles) lives until the block exits,
+    and a normal or cancelled exit shuts down gracefully."""
+    config = config or StoreConfig()
+    root = os.path.abspath(root)
+    async with open_event_store(root, fs=fs, sync_mode=config.sync_mode) as es:
+        store = SessionStore(root, es, fs, config, titler or KeywordTitler())
+        await store._start()
+        try:
+            async with trio.open_nursery() as nursery:
+                store._nursery = nursery
+                nursery.start_soon(store.saver.run)
+                nursery.start_soon(store._checkpoint_loop)
+                nursery.start_soon(store._snapshot_loop)
+                try:
+                    yield store
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await store._shutdown()
+                    nursery.cancel_scope.cancel()
+        finally:
+            store._nursery = None
+
+

@@ -1,0 +1,61 @@
+"""Session naming: the one implementation (spec "Naming").
+
+Phase 1 (first assistant reply): the title is cut from the first user
+message. Phase 2 (1st, 6th, 16th, 40th reply): a TitleGenerator over the most
+recent 20 messages, run as a background task of the store, with race checks.
+The built-in generator is offline and deterministic; plug a real LLM in by
+passing any object with `async def generate(messages) -> str`.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from projections.session import MessageSnapshot
+
+RETITLE_AT_TURNS: Final = (1, 6, 16, 40)
+TITLE_LEN: Final = 50
+RECENT_FOR_TITLE: Final = 20
+
+_MARKERS: Final = re.compile(
+    r"\[attachment:[^\]]*\]|<attachment-preview>.*?</attachment-preview>|<attachment-preview[^>]*/?>"
+    r"|<file\b[^>]*>.*?</file>|<file\b[^>]*/?>", re.S)
+
+
+def title_from_text(text: str) -> str:
+    """Strip attachment/file markers, take the first non-empty line, cut to 50
+    characters with an ellipsis when it overflows."""
+    cleaned = _MARKERS.sub("", text or "")
+    first = next((ln.strip() for ln in cleaned.splitlines() if ln.strip()), "")
+    return first[:TITLE_LEN] + "…" if len(first) > TITLE_LEN else first
+
+
+class TitleGenerator(Protocol):
+    async def generate(self, messages: Sequence[MessageSnapshot]) -> str: ...
+
+
+_STOP: Final = frozenset("""a an the and or but if then so of to in on at for with from by as is are was were be
+been it its this that these those i you he she we they me my your our their what which who how why when where
+can could would should will shall do does did not no yes please just about into over than too very also
+there here have has had hi hello hey thanks thank let lets get make some any all more most""".split())
+
+
+class KeywordTitler:
+    """The offline default: the most frequent meaningful words of the recent
+    user messages, in order of first appearance, at most five."""
+
+    async def generate(self, messages: Sequence[MessageSnapshot]) -> str:
+        text = " ".join(m.content for m in messages if m.role == "user")
+        words = [w for w in re.findall(r"[A-Za-z][A-Za-z0-9'-]{2,}", _MARKERS.sub("", text))
+                 if w.lower() not in _STOP]
+        if not words:
+            return title_from_text(text) or "New chat"
+        counts = Counter(w.lower() for w in words)
+        top = {w for w, _ in counts.most_common(5)}
+        seen: list[str] = []
+        for w in words:
+            if w.lower() in top and w.lower() not in (s.lower() for s in seen):
+                seen.append(w)
+        return " ".join(s[:1].upper() + s[1:] for s in seen)[:TITLE_LEN]
