@@ -46,7 +46,7 @@ import trio
 from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
                      UnknownSession)
 from .events import Event
-from .fsio import HAVE_SYNCFS, OS_FILES, FileOps
+from .fsio import HAVE_SYNCFS, OS_FILES, FileOps, lock_root
 from .log import SESSIONS_DIR, log_path, session_dir
 from .record import Record, encode_record
 
@@ -405,7 +405,12 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
     """Open the store's write side; the committer runs until the block exits,
     and everything appended inside the block is committed before it does."""
     store = EventStore(root, fs=fs, sync_mode=sync_mode, max_open=max_open)
-    await trio.to_thread.run_sync(store._prepare_sync)
+    lock_fd = lock_root(root)
+    try:
+        await trio.to_thread.run_sync(store._prepare_sync)
+    except BaseException:
+        os.close(lock_fd)
+        raise
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store._run)
@@ -419,5 +424,6 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
                     store._closed = True
     finally:
         await trio.to_thread.run_sync(store._close_sync)
+        os.close(lock_fd)
 
 

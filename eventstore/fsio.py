@@ -116,3 +116,23 @@ def atomic_write(fs: FileOps, path: str, data: bytes) -> None:
     fs.write_file(tmp, data)
     fs.rename(tmp, path)
     fs.fsync_dir(os.path.dirname(path) or ".")
+
+
+class StoreLocked(OSError):
+    """Another process (a running server, a rebuild) holds the data root."""
+
+
+def lock_root(root: str) -> int:
+    """Take the data root's lock (`<root>/.lock`, flock) for this process, so two
+    processes never write one store. The kernel drops it when the process dies,
+    SIGKILL included. Returns the descriptor to keep open."""
+    import fcntl
+    os.makedirs(root, 0o755, exist_ok=True)
+    fd = os.open(os.path.join(root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(errno.EBUSY, f"the store at {root} is in use by another process "
+                                       "(a running `sessionlog serve`?)") from None
+    return fd
