@@ -305,12 +305,12 @@ class EventStore:
     async def _run(self) -> None:
         try:
             while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
                 batch = self._batch
                 if not batch.lines:
                     if self._closing:
                         return
+                    await self._wake.wait()
+                    self._wake = trio.Event()
                     continue
                 self._batch = _Batch()
                 try:

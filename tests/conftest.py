@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    return str(tmp_path / "store")
+
+
+def child(code: str, *args: str) -> subprocess.Popen[str]:
+    """Start a Python child running `code` with the project on its path."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=60)

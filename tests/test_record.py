@@ -1,0 +1,95 @@
+"""The line format: one table of (bytes, expected) cases, plus a scan of a log
+fed whole, a byte at a time, torn and flipped."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eventstore.events import MessageCreated, MessageProgress, SessionCreated, SessionRenamed
+from eventstore.log import scan
+from eventstore.record import MAX_RECORD_BYTES, RecordError, decode_record, encode_record
+from eventstore.errors import RecordTooLarge
+
+EVENTS = [SessionCreated(session_id="s1", title="t"), MessageCreated(msg_id="m", content="hé\n\"x\""),
+          MessageProgress(msg_id="m", content_delta="\u2028\x00", offset=3), SessionRenamed(title="")]
+
+
+@pytest.mark.parametrize("event", EVENTS)
+def test_record_roundtrips_and_is_valid_json(event):
+    line = encode_record(7, 1764425600.25, event)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    obj = json.loads(line)
+    assert obj["seq"] == 7 and obj["ts"] == 1764425600.25 and "crc" in obj and "type" in obj
+    rec = decode_record(line)
+    assert (rec.seq, rec.ts, rec.event) == (7, 1764425600.25, event)
+
+
+GOOD = encode_record(1, 1.5, SessionRenamed(title="abc"))
+
+
+@pytest.mark.parametrize("line,why", [
+    (b"", "no checksum header"),
+    (b"{}", "no checksum header"),
+    (GOOD.replace(b"abc", b"abd"), "checksum mismatch"),
+    (GOOD[:-5] + b"\n", "checksum mismatch"),
+    (b'{"crc":"zzzzzzzz",' + GOOD[18:], "checksum is not hex"),
+    (b"\x00" * 40, "no checksum header"),
+])
+def test_bad_lines_are_refused_with_a_reason(line, why):
+    with pytest.raises(RecordError, match=why):
+        decode_record(line)
+
+
+def test_unknown_event_type_is_refused_not_guessed():
+    import zlib
+    rest = b'"seq":1,"ts":1.0,"type":"from_the_future","x":1}'
+    line = b'{"crc":"%08x",%s' % (zlib.crc32(rest), rest)
+    with pytest.raises(RecordError, match="invalid event"):
+        decode_record(line)
+
+
+def test_oversized_record_is_refused():
+    with pytest.raises(RecordTooLarge):
+        encode_record(1, 1.0, SessionRenamed(title="x" * MAX_RECORD_BYTES))
+
+
+LOG = b"".join(encode_record(i, float(i), SessionRenamed(title=f"t{i}")) for i in range(1, 6))
+
+
+def test_scan_whole_log():
+    s = scan("s", LOG, expect_seq=1)
+    assert [r.seq for r in s.records] == [1, 2, 3, 4, 5]
+    assert s.good_end == len(LOG) and s.torn_bytes == 0 and s.corrupt is None
+
+
+def test_scan_a_byte_at_a_time_sees_only_whole_lines():
+    ends = [i + 1 for i, b in enumerate(LOG) if b == ord("\n")]
+    for n in range(len(LOG) + 1):
+        s = scan("s", LOG[:n], expect_seq=1)
+        whole = sum(1 for e in ends if e <= n)
+        assert len(s.records) == whole
+        assert s.good_end == (ends[whole - 1] if whole else 0)
+        assert s.torn_bytes == n - s.good_end
+        assert s.corrupt is None
+
+
+@pytest.mark.parametrize("tail", [b'{"crc":"1234', b"\x00" * 100, GOOD[:-1], b"garbage\n", b"\n\n"])
+def test_scan_trailing_damage_is_a_torn_tail(tail):
+    s = scan("s", LOG + tail, expect_seq=1)
+    assert len(s.records) == 5 and s.corrupt is None
+    assert s.good_end == len(LOG) and s.torn_bytes == len(tail)
+
+
+def test_scan_flipped_byte_in_the_middle_is_corruption():
+    i = LOG.index(b"t3")
+    bad = LOG[:i] + b"T" + LOG[i + 1:]
+    s = scan("s", bad, expect_seq=1)
+    assert s.corrupt is not None and s.corrupt.line_no == 3
+    assert [r.seq for r in s.records] == [1, 2]
+
+
+def test_scan_seq_gap_is_corruption():
+    gap = encode_record(1, 1.0, SessionRenamed(title="a")) + encode_record(3, 1.0, SessionRenamed(title="b"))
+    s = scan("s", gap, expect_seq=1)
+    assert s.corrupt is not None and "seq 3 where 2" in s.corrupt.reason
