@@ -594,8 +594,8 @@ class SessionStore:
                 phase1 = title_from_text(first_user.content if first_user else "") or meta.title
                 await self.update_session(session_id, title=phase1, _auto_titled=True, _title_gen_count=1)
                 gen = 1
-            elif gen >= len(RETITLE_AT_TURNS) + 1 or replies <= _turn_of(gen):
-                return
+            elif gen >= 2 and replies <= RETITLE_AT_TURNS[min(gen - 2, len(RETITLE_AT_TURNS) - 1)]:
+                return  # this threshold's title was generated already
             title = await self.titler.generate(self._recent(state))
             meta = self.registry.get(session_id)
             if meta is None or meta.user_titled or not title:
@@ -704,11 +704,6 @@ class SessionStore:
         for sid in list(self._snap_dirty):
             await self.write_snapshot(sid)
         await self.write_checkpoint()
-
-
-def _turn_of(gen: int) -> int:
-    """The reply count at which title generation number `gen` ran."""
-    return RETITLE_AT_TURNS[min(gen, len(RETITLE_AT_TURNS)) - 1]
 
 
 _ROLES = {"user", "assistant", "tool", "system"}
