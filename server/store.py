@@ -114,6 +114,7 @@ class SessionStore:
         self._snap_dirty: set[str] = set()
         self._snap_wake = trio.Event()
         self._ckpt_lock = trio.Lock()
+        self._snap_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self.shutting_down = False
         es.listeners.append(self._on_record)
@@ -433,12 +434,11 @@ class SessionStore:
         if state.meta is not None and state.meta.status != "running":
             events.append(SessionFlags(status="running"))
         msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent)
-        self.saver.active[(session_id, msg_id)] = msg
-        try:
+        with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
             await self._append(session_id, *events)
-        except BaseException:
-            self.saver.active.pop((session_id, msg_id), None)
-            raise
+        # Live (stoppable, watched) only once its placeholder is durable.
+        msg.last_activity = trio.current_time()
+        self.saver.active[(session_id, msg_id)] = msg
         status, error, reason = "done", None, None
         try:
             with msg.scope:
@@ -637,7 +637,8 @@ class SessionStore:
         if state is None or session_id not in self.es or state.seq > self.es.durable_seq(session_id):
             return False
         data = encode_snapshot(state)
-        await trio.to_thread.run_sync(write_snapshot, self.fs, self.root, session_id, data)
+        async with self._snap_lock:
+            await trio.to_thread.run_sync(write_snapshot, self.fs, self.root, session_id, data)
         return True
 
     async def _checkpoint_loop(self) -> None:

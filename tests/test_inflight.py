@@ -1,0 +1,239 @@
+"""In-flight artifacts (spec/inflight-state.md): placeholders, the throttled
+saver, finalize, stop, retry, watchdog, subscriptions with exact resume."""
+from __future__ import annotations
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventstore.events import MessageFinalized, MessageProgress
+from eventstore.log import log_path, scan
+from projections.lifecycle import MESSAGE_TRANSITIONS, IllegalTransition, can_move
+from server.errors import BadRequest, Conflict
+from server.store import StoreConfig, open_session_store
+
+
+def records(root: str, sid: str):  # type: ignore[no-untyped-def]
+    with open(log_path(root, sid), "rb") as f:
+        return scan(sid, f.read(), expect_seq=1).records
+
+
+@pytest.fixture
+async def store(root):
+    async with open_session_store(root) as s:
+        yield s
+
+
+def test_lifecycle_table():
+    assert can_move("pending", "running") and can_move("running", "done")
+    assert not can_move("done", "running") and not can_move("aborted", "done")
+    assert all(not MESSAGE_TRANSITIONS[t] for t in ("done", "error", "aborted"))
+
+
+@pytest.mark.parametrize("kind", ["llm_reply", "tool_call", "agentic_fn", "task_spawn", "merge"])
+async def test_placeholder_is_durable_before_the_work_starts(store, kind):
+    meta, _ = await store.create_session(first_message="go")
+    async with store.inflight(meta.id, kind=kind, role="assistant" if kind == "llm_reply" else "tool") as msg:
+        assert store.es.durable_seq(meta.id) >= store.es.last_seq(meta.id) - 1
+        recs = records(store.root, meta.id)
+        created = [r.event for r in recs if getattr(r.event, "msg_id", None) == msg.msg_id]
+        assert created and created[0].status == "running" and created[0].kind == kind
+        assert created[0].started_at is not None
+        msg.write("partial")
+        msg.set_tree({"fn": kind, "children": []})
+        msg.add_tokens(input=3, output=5)
+    m = (await store.load_session(meta.id)).messages[msg.msg_id]
+    assert m.status == "done" and m.content == "partial"
+    assert m.metadata["context_tree"] == {"fn": kind, "children": []}
+    assert m.metadata["partial_tokens_used"] == {"input": 3, "output": 5} and m.tokens == {"input": 3, "output": 5}
+    assert m.last_update_at >= m.started_at
+
+
+async def test_throttle_writes_about_one_progress_record_per_interval(root, autojump_clock):
+    async with open_session_store(root) as store:
+        meta, _ = await store.create_session(first_message="go")
+        async with store.inflight(meta.id) as msg:
+            for i in range(200):  # 10 s of tokens at 20/s
+                assert msg.write(f"t{i} ") is None  # synchronous: never awaits, never blocks
+                await trio.sleep(0.05)
+    # Virtual time runs ahead of the committer's real worker thread here, so
+    # count the records once the store has committed everything and closed.
+    progress = [r for r in records(root, meta.id) if isinstance(r.event, MessageProgress)]
+    assert 38 <= len(progress) <= 42, len(progress)  # 10 s / 250 ms
+    async with open_session_store(root) as store:
+        m = (await store.load_session(meta.id)).messages[msg.msg_id]
+        assert m.status == "done" and m.content == "".join(f"t{i} " for i in range(200))
+    offsets = [p.event.offset for p in progress]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+async def test_exception_finalizes_error_and_cancellation_aborted(store):
+    meta, _ = await store.create_session(first_message="go")
+    with pytest.raises(ZeroDivisionError):
+        async with store.inflight(meta.id) as msg:
+            msg.write("before")
+            1 / 0  # noqa: B018
+    m = (await store.load_session(meta.id)).messages[msg.msg_id]
+    assert m.status == "error" and "ZeroDivisionError" in (m.error or "") and m.content == "before"
+    with trio.move_on_after(0.05):
+        async with store.inflight(meta.id) as msg2:
+            msg2.write("partial")
+            await trio.sleep_forever()
+    m2 = (await store.load_session(meta.id)).messages[msg2.msg_id]
+    assert m2.status == "aborted" and m2.content == "partial"
+    assert m2.metadata["aborted_reason"] == "server shutdown"
+    assert store.get_meta(meta.id).status == "idle"
+
+
+async def test_stop_aborts_with_reason_and_retry_makes_a_sibling_branch(store):
+    meta, user_id = await store.create_session(first_message="go")
+    async with trio.open_nursery() as n:
+        started = trio.Event()
+        holder = {}
+
+        async def produce() -> None:
+            async with store.inflight(meta.id) as msg:
+                holder["id"] = msg.msg_id
+                msg.write("half an ans")
+                started.set()
+                await trio.sleep_forever()
+        n.start_soon(produce)
+        await started.wait()
+        assert store.stop(meta.id, holder["id"]) is True
+    old = (await store.load_session(meta.id)).messages[holder["id"]]
+    assert old.status == "aborted" and old.metadata["aborted_reason"] == "stopped by user"
+    assert old.content == "half an ans"
+    assert store.stop(meta.id, holder["id"]) is False
+    async with store.retry(meta.id, holder["id"]) as again:
+        again.write("a full answer")
+    state = await store.load_session(meta.id)
+    assert state.head == again.msg_id
+    assert state.messages[again.msg_id].parent_id == old.parent_id == user_id
+    assert [m.msg_id for m in state.branch()] == [user_id, again.msg_id]
+    assert state.messages[holder["id"]].content == "half an ans"  # the old branch stays readable
+    with pytest.raises(Conflict):
+        await store.retry_target(meta.id, user_id)
+
+
+async def test_watchdog_aborts_a_silent_producer(root, mock_clock):
+    mock_clock.autojump_threshold = 0.01  # jump only when the worker threads are idle too
+    async with open_session_store(root, config=StoreConfig(stall_timeout=5)) as store:
+        meta, _ = await store.create_session(first_message="go")
+        async with store.inflight(meta.id) as msg:
+            t0 = trio.current_time()
+            msg.write("then silence")
+            await trio.sleep(3600)
+        m = (await store.load_session(meta.id)).messages[msg.msg_id]
+        assert m.status == "aborted" and m.metadata["aborted_reason"] == "stalled"
+        assert trio.current_time() - t0 < 30, "aborted after the stall timeout, not after the hour"
+
+
+async def test_illegal_transition_raises_and_changes_nothing(store):
+    meta, user_id = await store.create_session(first_message="go")
+    async with store.inflight(meta.id) as msg:
+        msg.write("x")
+    before = records(store.root, meta.id)
+    with pytest.raises(IllegalTransition):
+        await store.finalize_message(meta.id, msg.msg_id, "aborted")
+    assert records(store.root, meta.id) == before
+
+
+async def test_bad_inflight_kind_is_refused(store):
+    meta, _ = await store.create_session(first_message="go")
+    with pytest.raises(BadRequest):
+        async with store.inflight(meta.id, kind="teleport"):
+            pass
+
+
+# -- subscriptions ----------------------------------------------------------------
+
+async def collect(sub, into: list[str], have: str) -> str:  # type: ignore[no-untyped-def]
+    text = have
+    async for u in sub:
+        assert u.offset == len(text), (u.offset, len(text))
+        text += u.content_delta
+        into.append(u.status)
+    return text
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(deltas=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=30),
+       cut=st.integers(0, 30), pick=st.floats(0, 1), use_seq=st.booleans())
+def test_resuming_subscriber_gets_exactly_the_missing_part(tmp_path_factory, deltas, cut, pick, use_seq):
+    root = str(tmp_path_factory.mktemp("s"))
+    cut = min(cut, len(deltas))
+
+    async def main() -> None:
+        async with open_session_store(root, config=StoreConfig(progress_interval=0.01)) as store:
+            meta, _ = await store.create_session(first_message="go")
+            holder = {}
+            ready, go_on = trio.Event(), trio.Event()
+
+            async def producer() -> None:
+                async with store.inflight(meta.id) as msg:
+                    holder["msg"] = msg
+                    for i, d in enumerate(deltas[:cut]):
+                        msg.write(d)
+                        if i % 3 == 0:
+                            await trio.sleep(0.012)
+                    ready.set()
+                    await go_on.wait()
+                    for i, d in enumerate(deltas[cut:]):
+                        msg.write(d)
+                        if i % 2 == 0:
+                            await trio.sleep(0.004)
+
+            with trio.fail_after(20):
+                async with trio.open_nursery() as n:
+                    n.start_soon(producer)
+                    await ready.wait()
+                    mid = holder["msg"].msg_id
+                    await store.es.flush()
+                    if use_seq:
+                        # "I have the message as of seq S": fold the log to S to know what that is.
+                        recs = [r for r in records(root, meta.id) if getattr(r.event, "msg_id", None) == mid]
+                        seq = recs[int(pick * (len(recs) - 1))].seq
+                        have = ""
+                        for r in recs:
+                            if r.seq <= seq and isinstance(r.event, MessageProgress):
+                                have = have[: r.event.offset] + r.event.content_delta
+                        sub = await store.subscribe(meta.id, mid, after_seq=seq)
+                    else:
+                        live = (await store.load_session(meta.id)).messages[mid].content
+                        have = live[: int(len(live) * pick)]
+                        sub = await store.subscribe(meta.id, mid, offset=len(have))
+                    go_on.set()
+                    statuses: list[str] = []
+                    text = await collect(sub, statuses, have)
+            m = (await store.load_session(meta.id)).messages[mid]
+            assert m.status == "done" and statuses[-1] == "done"
+            assert text == m.content == "".join(deltas)
+    trio.run(main)
+
+
+async def test_subscription_of_a_finished_message_is_served_from_the_log(root):
+    async with open_session_store(root) as store:
+        meta, _ = await store.create_session(first_message="go")
+        async with store.inflight(meta.id) as msg:
+            msg.write("hello world")
+    async with open_session_store(root) as store:
+        sub = await store.subscribe(meta.id, msg.msg_id, offset=6)
+        got = [u async for u in sub]
+        assert [(u.offset, u.content_delta, u.status) for u in got] == [(6, "world", "done")]
+        assert got[0].durable_seq == store.es.last_seq(meta.id)
+        with pytest.raises(BadRequest):
+            await store.subscribe(meta.id, msg.msg_id, offset=99)
+
+
+async def test_a_subscriber_that_falls_behind_is_dropped_not_waited_for(store):
+    from server.subscriptions import SUBSCRIBER_QUEUE
+    meta, _ = await store.create_session(first_message="go")
+    async with store.inflight(meta.id) as msg:
+        sub = await store.subscribe(meta.id, msg.msg_id, offset=0)
+        for i in range(SUBSCRIBER_QUEUE + 5):
+            msg.write("x")
+            store.saver.flush(msg)  # one update each, never read
+        assert sub.dropped
+    assert (await store.load_session(meta.id)).messages[msg.msg_id].content == "x" * (SUBSCRIBER_QUEUE + 5)
