@@ -63,7 +63,8 @@ class InflightMessage:
         self._saver.dirty[self] = None
 
     def set_tree(self, tree: Any) -> None:
-        """Replace the message's context_tree (an agentic function's DAG)."""
+        """Replace the message's context_tree (an agentic function's DAG). Pass a
+        fresh object each time, not one you keep mutating: it is logged as is."""
         if self.finished:
             return
         self._tree = tree

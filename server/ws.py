@@ -1,0 +1,523 @@
+"""I/O adapter: TCP <-> HTTP page + WebSocket <-> the session store.
+
+One port serves both. Each TCP connection's request head is read here first:
+`GET /ws` with an Upgrade header goes to trio-websocket (the bytes already
+read are replayed to it through `_Replay`), after the Host, Origin and token
+checks; any other `GET` is answered as plain HTTP (the page and its static
+files). trio-websocket alone would answer plain HTTP with 400.
+
+Each WebSocket connection gets its own nursery with a reader loop (decode,
+`match`, call the store, reply), a sender task draining a bounded queue with
+a timeout per frame (a client that stops reading is dropped; it can resume
+exactly), and one task per subscription. Every exception of a frame is caught
+and answered; nothing a client sends can stop the server.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import mimetypes
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
+
+from eventstore.errors import (EventStoreError, InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
+                               StoreClosed, UnknownSession)
+from projections.session import SessionState
+
+from . import protocol as p
+from .agent import Agent, DemoAgent
+from .errors import NotFound, ServiceError
+from .store import SessionStore, StoreConfig, open_session_store
+from .subscriptions import Subscription
+
+log = logging.getLogger("sessionlog.ws")
+
+STATIC_DIR: Final = os.path.join(os.path.dirname(__file__), "static")
+# Request heads longer than this are refused (nginx's default is 8 KiB; 16 KiB
+# leaves room for long cookies on localhost).
+MAX_HEAD: Final = 16 * 1024
+HEAD_TIMEOUT: Final = 10.0
+# Frames queued for one client before it is dropped as too slow.
+SEND_QUEUE: Final = 512
+# A client that has not taken one frame in this long is dropped.
+SEND_TIMEOUT: Final = 5.0
+# Subscriptions one connection may hold (a page subscribes to running messages only).
+MAX_SUBSCRIPTIONS: Final = 1000
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    allowed_origins: tuple[str, ...] = ()
+    send_timeout: float = SEND_TIMEOUT
+
+
+class _Replay(trio.abc.Stream):
+    """A stream that first returns bytes already read from it."""
+
+    def __init__(self, stream: trio.abc.Stream, prefix: bytes) -> None:
+        self._stream = stream
+        self._prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._prefix:
+            n = len(self._prefix) if max_bytes is None else max_bytes
+            data, self._prefix = self._prefix[:n], self._prefix[n:]
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+@dataclass
+class _Request:
+    method: str
+    target: str
+    headers: dict[str, str]
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.target).path
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        return parse_qs(urlsplit(self.target).query)
+
+
+async def _read_head(stream: trio.abc.Stream) -> tuple[_Request, bytes] | None:
+    buf = b""
+    with trio.move_on_after(HEAD_TIMEOUT):
+        while b"\r\n\r\n" not in buf:
+            if len(buf) > MAX_HEAD:
+                return None
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                return None
+            buf += chunk
+    if b"\r\n\r\n" not in buf:
+        return None
+    head = buf[: buf.index(b"\r\n\r\n")].decode("latin-1")
+    lines = head.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            return None
+        key = name.strip().lower()
+        if key in headers:  # a repeated Host/Origin is ambiguous: refuse
+            if key in ("host", "origin"):
+                return None
+            headers[key] += ", " + value.strip()
+        else:
+            headers[key] = value.strip()
+    return _Request(parts[0], parts[1], headers), buf
+
+
+async def _http_reply(stream: trio.abc.Stream, status: str, body: bytes, ctype: str = "text/plain; charset=utf-8",
+                      extra: str = "") -> None:
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n{extra}\r\n")
+    with trio.move_on_after(5):
+        await stream.send_all(head.encode() + body)
+
+
+class Server:
+    """The WebSocket/HTTP front of one store."""
+
+    def __init__(self, store: SessionStore, config: ServerConfig, agent: Agent) -> None:
+        self.store = store
+        self.config = config
+        self.agent = agent
+        self.port = config.port
+        self.connections: set[Connection] = set()
+        self._agents: trio.Nursery | None = None
+        store.watchers.append(self._on_store_change)
+
+    # -- security --------------------------------------------------------------
+
+    def allowed_hosts(self) -> set[str]:
+        names = {"127.0.0.1", "localhost", "[::1]"}
+        if self.config.host not in ("0.0.0.0", "::", ""):
+            names.add(self.config.host if ":" not in self.config.host else f"[{self.config.host}]")
+        return {f"{n}:{self.port}" for n in names} | ({*names} if self.port == 80 else set())
+
+    def allowed_origins(self) -> set[str]:
+        return {f"http://{h}" for h in self.allowed_hosts()} | set(self.config.allowed_origins)
+
+    def check_handshake(self, req: _Request) -> str | None:
+        """Why this upgrade is refused, or None."""
+        if req.headers.get("host", "") not in self.allowed_hosts():
+            return "Host not allowed"
+        origin = req.headers.get("origin")
+        if origin is not None and origin not in self.allowed_origins():
+            return "Origin not allowed"
+        token = (req.query.get("token") or [""])[0]
+        if not hmac.compare_digest(token.encode(), self.config.token.encode()):
+            return "missing or wrong token"
+        return None
+
+    # -- connections -----------------------------------------------------------
+
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        try:
+            got = await _read_head(stream)
+            if got is None:
+                await _http_reply(stream, "400 Bad Request", b"bad request\n")
+                return
+            req, raw = got
+            upgrade = req.headers.get("upgrade", "").lower() == "websocket"
+            if req.path == "/ws" and upgrade:
+                why = self.check_handshake(req)
+                if why is not None:
+                    log.warning("refused a WebSocket handshake: %s", why)
+                    await _http_reply(stream, "403 Forbidden", f"{why}\n".encode())
+                    return
+                await self._websocket(_Replay(stream, raw))
+            elif req.method == "GET":
+                await self._static(stream, req)
+            else:
+                await _http_reply(stream, "405 Method Not Allowed", b"method not allowed\n", extra="Allow: GET\r\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
+            pass
+        except Exception:
+            log.exception("connection handler failed")
+        finally:
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await stream.aclose()
+
+    async def _static(self, stream: trio.abc.Stream, req: _Request) -> None:
+        if req.headers.get("host", "") not in self.allowed_hosts():
+            await _http_reply(stream, "403 Forbidden", b"Host not allowed\n")
+            return
+        name = "index.html" if req.path in ("/", "/index.html") else req.path.removeprefix("/static/")
+        if name != "index.html" and (not req.path.startswith("/static/") or "/" in name or name.startswith(".")):
+            await _http_reply(stream, "404 Not Found", b"not found\n")
+            return
+        path = os.path.join(STATIC_DIR, name)
+        try:
+            body = await trio.Path(path).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            await _http_reply(stream, "404 Not Found", b"not found\n")
+            return
+        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype.endswith("javascript"):
+            ctype += "; charset=utf-8"
+        await _http_reply(stream, "200 OK", body, ctype,
+                          extra="Content-Security-Policy: default-src 'self'; connect-src 'self'; "
+                                "style-src 'self' 'unsafe-inline'\r\nX-Frame-Options: DENY\r\n")
+
+    async def _websocket(self, stream: trio.abc.Stream) -> None:
+        async with trio.open_nursery() as nursery:
+            request = await wrap_server_stream(nursery, stream, max_message_size=p.WS_HARD_LIMIT)
+            ws = await request.accept()
+            conn = Connection(self, ws, nursery)
+            self.connections.add(conn)
+            try:
+                await conn.run()
+            finally:
+                self.connections.discard(conn)
+                nursery.cancel_scope.cancel()
+
+    # -- broadcasts ------------------------------------------------------------
+
+    def broadcast(self, frame: str) -> None:
+        for conn in list(self.connections):
+            conn.send_nowait(frame)
+
+    def _on_store_change(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "session_updated":
+            self.broadcast(p.encode_frame("session_updated", data))
+        elif kind == "session_deleted":
+            self.broadcast(p.encode_frame("session_deleted", data))
+        elif kind == "session_created":
+            self.broadcast(p.encode_frame("session_created", {"session": data}))
+
+    def projects_frame(self) -> str:
+        return p.encode_frame("projects_list", {"projects": p.to_wire(self.store.list_projects())})
+
+    # -- agents ----------------------------------------------------------------
+
+    async def start_reply(self, session_id: str, parent_id: str | None) -> str:
+        """Run the agent's reply as an in-flight message; returns its id once
+        its placeholder is durable."""
+        assert self._agents is not None
+        return await self._agents.start(self._run_agent, session_id, parent_id)
+
+    async def _run_agent(self, session_id: str, parent_id: str | None,
+                         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with self.store.inflight(session_id, kind="llm_reply", parent_id=parent_id) as reply:
+                task_status.started(reply.msg_id)
+                state = await self.store.load_session(session_id)
+                history = [m for m in state.branch() if m.caller is None and m.msg_id != reply.msg_id]
+                await self.agent.respond(self.store, session_id, history, reply)
+        except (NotFound, EventStoreError) as e:  # deleted meanwhile, or the store failed
+            log.warning("reply in %s ended: %s", session_id, e)
+        except Exception:
+            log.exception("the agent failed in session %s", session_id)
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._agents = nursery
+            listeners = await nursery.start(partial(trio.serve_tcp, host=self.config.host),
+                                            self.handle_stream, self.config.port)
+            self.port = listeners[0].socket.getsockname()[1]
+            task_status.started(self.port)
+
+
+def _error_of(e: BaseException) -> tuple[str, str]:
+    match e:
+        case ServiceError(code=code, message=message):
+            return code, message
+        case InvalidSessionId():
+            return "invalid_session_id", str(e)
+        case UnknownSession():
+            return "unknown_session", str(e)
+        case SessionReadOnly():
+            return "read_only", str(e)
+        case RecordTooLarge():
+            return "frame_too_large", str(e)
+        case StoreBroken() | StoreClosed():
+            return "store_broken", str(e)
+        case _:
+            return "internal", f"{type(e).__name__}: {e}"
+
+
+class Connection:
+    """One WebSocket client."""
+
+    def __init__(self, server: Server, ws: WebSocketConnection, nursery: trio.Nursery) -> None:
+        self.server = server
+        self.store = server.store
+        self.ws = ws
+        self.nursery = nursery
+        self._send, self._recv = trio.open_memory_channel[str](SEND_QUEUE)
+        self.subs: dict[tuple[str, str], trio.CancelScope] = {}
+        self.dropped = False
+
+    def send_nowait(self, frame: str) -> None:
+        """Queue a frame; a client whose queue is full is dropped."""
+        if self.dropped:
+            return
+        try:
+            self._send.send_nowait(frame)
+        except trio.WouldBlock:
+            self.drop("send queue full")
+        except trio.ClosedResourceError:
+            pass
+
+    def drop(self, why: str) -> None:
+        if not self.dropped:
+            self.dropped = True
+            log.warning("dropping a slow client: %s", why)
+            self.nursery.cancel_scope.cancel()
+
+    async def _sender(self) -> None:
+        async for frame in self._recv:
+            with trio.move_on_after(self.server.config.send_timeout):
+                await self.ws.send_message(frame)
+                continue
+            self.drop("a frame was not taken within the send timeout")
+            return
+
+    async def run(self) -> None:
+        self.nursery.start_soon(self._sender)
+        while True:
+            try:
+                frame = await self.ws.get_message()
+            except ConnectionClosed:
+                return
+            action: str | None = None
+            rid: p.RequestId = None
+            try:
+                req = p.decode_action(frame)
+                action, rid = req.__struct_config__.tag, req.request_id  # type: ignore[assignment]
+                await self.handle(req)
+            except p.ProtocolError as e:
+                self.send_nowait(p.encode_error(e.code, e.message, e.action, e.request_id))
+            except Exception as e:  # one bad frame never ends the connection
+                code, message = _error_of(e)
+                if code == "internal":
+                    log.exception("handling %s failed", action)
+                self.send_nowait(p.encode_error(code, message, action, rid))
+
+    def reply(self, type_: str, data: Any, rid: p.RequestId) -> None:
+        self.send_nowait(p.encode_frame(type_, data, rid))
+
+    async def handle(self, req: p.ClientAction) -> None:
+        store, rid = self.store, req.request_id
+        match req:
+            case p.ListSessions() as r:
+                rows, total = store.list_sessions(filters=r.filters, include_archived=r.include_archived,
+                                                  archived=r.archived, offset=r.offset, limit=r.limit)
+                self.reply("sessions_list", {"rows": rows, "total": total}, rid)
+            case p.CreateSession() as r:
+                meta, _ = await store.create_session(agent_id=r.agent_id, source=r.source, title=r.title,
+                                                     project_id=r.project_id)
+                self.reply("session_created", {"session": store.get_row(meta.id)}, rid)
+            case p.LoadSession(session_id=sid):
+                state = await store.load_session(sid)
+                self.reply("session_loaded", self.session_payload(sid, state), rid)
+            case p.Chat() as r:
+                await self.chat(r)
+            case p.SubscribeMsg() as r:
+                await self.subscribe(r)
+            case p.UnsubscribeMsg(session_id=sid, msg_id=mid):
+                scope = self.subs.pop((sid, mid), None)
+                if scope is not None:
+                    scope.cancel()
+                self.reply("ok", {"action": "unsubscribe_msg", "subscribed": False}, rid)
+            case p.Stop(session_id=sid, msg_id=mid):
+                store.get_meta(sid)
+                if not store.stop(sid, mid):
+                    raise ServiceError("not_running", f"message {mid} is not running")
+                self.reply("ok", {"action": "stop", "msg_id": mid}, rid)
+            case p.Retry(session_id=sid, msg_id=mid):
+                target = await store.retry_target(sid, mid)
+                reply_id = await self.server.start_reply(sid, target.parent_id)
+                self.reply("retry_started", {"session_id": sid, "retried": mid, "reply_id": reply_id}, rid)
+            case p.RenameSession(session_id=sid, title=title, regenerate=regen):
+                if regen:
+                    changed = await store.regenerate_title(sid)
+                elif title is not None:
+                    changed = await store.rename_session(sid, title)
+                else:
+                    raise ServiceError("bad_request", "rename_session needs a title or regenerate: true")
+                self.reply("ok", {"action": "rename_session", "changed": changed}, rid)
+            case p.SetArchived(session_id=sid, archived=flag):
+                self.reply("ok", {"action": "set_archived", "changed": await self._update(sid, archived=flag)}, rid)
+            case p.SetPinned(session_id=sid, pinned=flag):
+                self.reply("ok", {"action": "set_pinned", "changed": await self._update(sid, pinned=flag)}, rid)
+            case p.SetUnread(session_id=sid, unread=flag):
+                self.reply("ok", {"action": "set_unread", "changed": await self._update(sid, unread=flag)}, rid)
+            case p.DeleteSession(session_id=sid):
+                if not await store.delete_session(sid):
+                    raise NotFound("unknown_session", f"unknown session {sid!r}")
+                self.reply("ok", {"action": "delete_session", "session_id": sid}, rid)
+            case p.SetSessionProject(session_id=sid, project_id=pid):
+                changed = await store.set_session_project(sid, pid)
+                self.reply("ok", {"action": "set_session_project", "changed": changed}, rid)
+            case p.ListProjects():
+                self.send_nowait(p.encode_frame("projects_list", {"projects": p.to_wire(store.list_projects())}, rid))
+            case p.CreateProject(name=name, path=path):
+                view = await store.create_project(name, path)
+                self.reply("project_created", {"project": p.to_wire(view)}, rid)
+                self.server.broadcast(self.server.projects_frame())
+            case p.RelocateProject(session_id=sid, project_id=pid, path=path):
+                out = await store.relocate_project(sid, pid, path)
+                self.reply("project_relocated", out, rid)
+                self.server.broadcast(self.server.projects_frame())
+
+    async def _update(self, sid: str, **fields: Any) -> dict[str, Any]:
+        return await self.store.update_session(sid, **fields)
+
+    def session_payload(self, sid: str, state: SessionState) -> dict[str, Any]:
+        return {"session": self.store.get_row(sid), "messages": p.to_wire(state.branch()), "seq": state.seq,
+                "durable_seq": self.store.es.durable_seq(sid)}
+
+    async def chat(self, r: p.Chat) -> None:
+        store = self.store
+        if not r.content.strip():
+            raise ServiceError("bad_field", "a chat message must not be empty")
+        if r.session_id is None:
+            meta, msg_id = await store.create_session(agent_id=r.agent_id or "default", project_id=r.project_id,
+                                                      first_message=r.content)
+            sid = meta.id
+        else:
+            sid = r.session_id
+            meta = store.get_meta(sid)
+            if r.project_id is not None and r.project_id != (meta.project_id or "default"):
+                await store.set_session_project(sid, r.project_id)
+            msg_id = await store.append_message(sid, r.content)
+        assert msg_id is not None
+        reply_id = await self.server.start_reply(sid, msg_id)
+        self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
+
+    async def subscribe(self, r: p.SubscribeMsg) -> None:
+        key = (r.session_id, r.msg_id)
+        old = self.subs.pop(key, None)
+        if old is not None:
+            old.cancel()
+        if len(self.subs) >= MAX_SUBSCRIPTIONS:
+            raise ServiceError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+        sub = await self.store.subscribe(r.session_id, r.msg_id, offset=r.offset, after_seq=r.after_seq)
+        scope = trio.CancelScope()
+        self.subs[key] = scope
+        self.reply("subscribed", {"session_id": r.session_id, "msg_id": r.msg_id}, r.request_id)
+        self.nursery.start_soon(self._pump, sub, scope, key)
+
+    async def _pump(self, sub: Subscription, scope: trio.CancelScope, key: tuple[str, str]) -> None:
+        with scope:
+            async with sub:
+                async for update in sub:
+                    self.send_nowait(p.encode_frame("msg_update", p.to_wire(update)))
+                if sub.dropped:  # fell behind the store: say so; the client resumes exactly
+                    self.send_nowait(p.encode_error("too_slow", "subscription dropped: fell behind; "
+                                                    "subscribe again with what you have", "subscribe_msg"))
+        if self.subs.get(key) is scope:
+            del self.subs[key]
+
+
+async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = None,
+                      store_config: StoreConfig | None = None,
+                      on_ready: Callable[[Server], None] | None = None) -> None:
+    """Open the store (recovering first), serve until cancelled, shut down gracefully."""
+    async with open_session_store(root, config=store_config) as store:
+        server = Server(store, config, agent or DemoAgent())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+            if on_ready is not None:
+                on_ready(server)
+
+
+def run_server(args: Any) -> int:
+    """`sessionlog serve`: run until SIGINT or SIGTERM, then shut down gracefully."""
+    config = ServerConfig(host=args.host, port=args.port, allowed_origins=tuple(args.allow_origin))
+    if args.token:
+        config.token = args.token
+    root = os.path.abspath(args.root)
+
+    def ready(server: Server) -> None:
+        host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+        print(f"sessionlog: data in {root}", flush=True)
+        print(f"sessionlog: serving http://{host}:{server.port}/?token={config.token}", flush=True)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def on_signal() -> None:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+                    async for sig in sigs:
+                        log.info("received %s: shutting down", signal.Signals(sig).name)
+                        nursery.cancel_scope.cancel()
+                        return
+            nursery.start_soon(on_signal)
+            await serve_store(root, config, agent=DemoAgent(speed=args.agent_speed), on_ready=ready)
+    try:
+        trio.run(main)
+    except EventStoreError as e:
+        print(f"sessionlog: error: {e}", file=sys.stderr)
+        return 2
+    return 0
