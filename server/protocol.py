@@ -20,6 +20,7 @@ RequestId = str | int | None
 Sid = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 Short = Annotated[str, msgspec.Meta(max_length=200)]
 Scalar = str | int | bool | None
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True, tag_field="action", forbid_unknown_fields=True):
@@ -30,7 +31,7 @@ class ListSessions(Action, tag="list_sessions", kw_only=True):
     filters: dict[Short, Scalar] | None = None
     include_archived: bool = False
     archived: bool | None = None
-    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    offset: Count = 0
     limit: Annotated[int, msgspec.Meta(ge=0, le=MAX_LIMIT)] | None = None
 
 
@@ -55,8 +56,8 @@ class Chat(Action, tag="chat", kw_only=True):
 class SubscribeMsg(Action, tag="subscribe_msg", kw_only=True):
     session_id: Sid
     msg_id: Sid
-    after_seq: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    offset: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    after_seq: Count | None = None
+    offset: Count | None = None
 
 
 class UnsubscribeMsg(Action, tag="unsubscribe_msg", kw_only=True):
@@ -152,7 +153,7 @@ class ProtocolError(Exception):
 # Every error code a client can receive, with its meaning (docs/PROTOCOL.md).
 ERROR_CODES: Final = {
     "bad_json": "the frame is not valid JSON",
-    "bad_frame": "the frame is not a JSON object, or is binary",
+    "bad_frame": "the frame is not a JSON object, is binary, or is nested too deeply",
     "frame_too_large": f"the frame is over {MAX_FRAME} bytes",
     "unknown_action": "`action` is missing or not one of the actions",
     "bad_request": "a field is unknown, missing or of the wrong type",
@@ -188,6 +189,8 @@ def decode_action(frame: str | bytes) -> ClientAction:
         raise ProtocolError("frame_too_large", f"frame of {len(data)} bytes is over the {MAX_FRAME}-byte limit")
     try:
         head = _HEAD.decode(data)
+    except RecursionError:
+        raise ProtocolError("bad_frame", "the frame is nested too deeply") from None
     except msgspec.ValidationError:
         raise ProtocolError("bad_frame", "a frame must be a JSON object") from None
     except msgspec.DecodeError as e:
@@ -201,6 +204,8 @@ def decode_action(frame: str | bytes) -> ClientAction:
                             None, rid)
     try:
         return _DECODER.decode(data)
+    except RecursionError:
+        raise ProtocolError("bad_frame", "the frame is nested too deeply", action, rid) from None
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise ProtocolError("bad_request", f"{action}: {e}", action, rid) from None
 

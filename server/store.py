@@ -23,7 +23,7 @@ from typing import Any, Literal
 import msgspec
 import trio
 
-from eventstore import (Appended, EventStore, FileOps, OS_FILES, Record, SessionExists, SyncMode,
+from eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists, SyncMode,
                         UnknownSession, new_session_id, open_event_store, validate_session_id)
 from eventstore.events import (Event, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
@@ -145,11 +145,21 @@ class SessionStore:
         if isinstance(ev, MessageFinalized) and self.hub.wants(sid, ev.msg_id):
             m = state.messages.get(ev.msg_id) if state is not None else None
             content = m.content if m is not None else (ev.content or "")
-            self.hub.publish(MsgUpdate(
+            update = MsgUpdate(
                 session_id=sid, msg_id=ev.msg_id, seq=rec.seq, offset=0, content_delta=content,
                 status=ev.status, tokens=ev.tokens, error=ev.error, aborted_reason=ev.aborted_reason,
-                tree=m.metadata.get("context_tree") if m is not None else None,
-                durable_seq=self.es.durable_seq(sid)))
+                tree=m.metadata.get("context_tree") if m is not None else None, durable_seq=rec.seq)
+            if self._nursery is not None:
+                # A terminal status is published only once it is durable: a
+                # subscriber that saw "done" never sees "aborted" after a crash.
+                self._nursery.start_soon(self._publish_when_durable, sid, update)
+
+    async def _publish_when_durable(self, sid: str, update: MsgUpdate) -> None:
+        try:
+            await self.es.wait_durable(sid, update.seq)
+        except EventStoreError:
+            return  # the store broke: the record may be lost; subscribers see the connection end
+        self.hub.publish(update)
 
     def _notify(self, kind: str, data: dict[str, Any]) -> None:
         for w in list(self.watchers):
@@ -536,6 +546,9 @@ class SessionStore:
         elif after_seq is not None:
             have = await self._length_at(session_id, msg_id, after_seq)
         m = state.messages.get(msg_id)
+        if m is not None and m.status in TERMINAL_STATUSES and m.seq > self.es.durable_seq(session_id):
+            await self.es.wait_durable(session_id, m.seq)  # terminal states are shown once durable
+            m = state.messages.get(msg_id)
         if m is None:
             raise NotFound("unknown_message", f"unknown message {msg_id!r}")
         if have < 0 or have > len(m.content):
