@@ -120,6 +120,7 @@ class EventStore:
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._root_fd = -1
         self._batch = _Batch()
+        self._committing: _Batch | None = None
         self._wake = trio.Event()
         self._stopped = trio.Event()
         self._closing = False
@@ -287,16 +288,22 @@ class EventStore:
     async def wait_durable(self, session_id: str, seq: int) -> None:
         """Wait until the session's record `seq` is durable."""
         sess = self._session(session_id)
-        if sess.durable_seq >= seq:
-            return
-        if self._broken is not None:
-            self._check_open()
-        await self._wait(self._batch)
-        if self._sessions.get(session_id, sess).durable_seq < seq:  # pragma: no cover
-            raise StoreBroken(f"seq {seq} of {session_id} did not become durable")
+        while sess.durable_seq < seq:
+            if self._broken is not None:
+                self._check_open()
+            if self._sessions.get(session_id) is not sess:
+                raise UnknownSession(session_id)
+            committing = self._committing
+            # The record is in the batch being synced, or else in the one filling.
+            if committing is not None and committing.last_seq.get(session_id, 0) >= seq:
+                await self._wait(committing)
+            else:
+                await self._wait(self._batch)
 
     async def flush(self) -> None:
         """Wait until everything appended so far is durable."""
+        if self._committing is not None:
+            await self._wait(self._committing)
         if self._batch.records:
             await self._wait(self._batch)
 
@@ -313,6 +320,7 @@ class EventStore:
                     self._wake = trio.Event()
                     continue
                 self._batch = _Batch()
+                self._committing = batch
                 try:
                     await trio.to_thread.run_sync(self._commit_sync, batch)
                 except OSError as e:
@@ -338,6 +346,7 @@ class EventStore:
                     sess = self._sessions.get(sid)
                     if sess is not None:
                         sess.durable_end += sum(map(len, lines))
+                self._committing = None
                 batch.done.set()
         finally:
             self._stopped.set()

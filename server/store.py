@@ -142,6 +142,10 @@ class SessionStore:
         if isinstance(ev, MessageFinalized | MessageCreated | ProjectRelocated):
             self._snap_dirty.add(sid)
             self._snap_wake.set()
+            if not isinstance(ev, MessageFinalized) and state is not None and self.watchers:
+                node = state.messages.get(ev.msg_id if isinstance(ev, MessageCreated) else ev.node_id)
+                if node is not None:
+                    self._notify("message_created", {"session_id": sid, "message": node})
         if isinstance(ev, MessageFinalized) and self.hub.wants(sid, ev.msg_id):
             m = state.messages.get(ev.msg_id) if state is not None else None
             content = m.content if m is not None else (ev.content or "")

@@ -212,6 +212,9 @@ class Server:
         if req.headers.get("host", "") not in self.allowed_hosts():
             await _http_reply(stream, "403 Forbidden", b"Host not allowed\n")
             return
+        if req.path == "/favicon.ico":
+            await _http_reply(stream, "204 No Content", b"")
+            return
         name = "index.html" if req.path in ("/", "/index.html") else req.path.removeprefix("/static/")
         if name != "index.html" and (not req.path.startswith("/static/") or "/" in name or name.startswith(".")):
             await _http_reply(stream, "404 Not Found", b"not found\n")
@@ -254,6 +257,13 @@ class Server:
             self.broadcast(p.encode_frame("session_deleted", data))
         elif kind == "session_created":
             self.broadcast(p.encode_frame("session_created", {"session": data}))
+        elif kind == "message_created":
+            sid = data["session_id"]
+            watching = [c for c in self.connections if sid in c.watching]
+            if watching:
+                frame = p.encode_frame("message_created", {"session_id": sid, "message": p.to_wire(data["message"])})
+                for conn in watching:
+                    conn.send_nowait(frame)
 
     def projects_frame(self) -> str:
         return p.encode_frame("projects_list", {"projects": p.to_wire(self.store.list_projects())})
@@ -316,6 +326,8 @@ class Connection:
         self.nursery = nursery
         self._send, self._recv = trio.open_memory_channel[str](SEND_QUEUE)
         self.subs: dict[tuple[str, str], trio.CancelScope] = {}
+        # Sessions this client loaded: it is told of their new messages (`message_created`).
+        self.watching: set[str] = set()
         self.dropped = False
 
     def send_nowait(self, frame: str) -> None:
@@ -380,6 +392,9 @@ class Connection:
                 self.reply("session_created", {"session": store.get_row(meta.id)}, rid)
             case p.LoadSession(session_id=sid):
                 state = await store.load_session(sid)
+                if len(self.watching) >= MAX_SUBSCRIPTIONS:
+                    self.watching.pop()
+                self.watching.add(sid)
                 self.reply("session_loaded", self.session_payload(sid, state), rid)
             case p.Chat() as r:
                 await self.chat(r)
@@ -453,6 +468,7 @@ class Connection:
                 await store.set_session_project(sid, r.project_id)
             msg_id = await store.append_message(sid, r.content)
         assert msg_id is not None
+        self.watching.add(sid)
         reply_id = await self.server.start_reply(sid, msg_id)
         self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
 

@@ -176,3 +176,20 @@ async def test_second_process_cannot_open_the_same_root(root):
         with pytest.raises(StoreLocked):
             async with open_event_store(root):
                 pass
+
+
+async def test_waiting_for_a_record_in_the_batch_being_synced_returns_when_it_is_durable(root):
+    fs = GateFS()
+    with trio.fail_after(10):
+        async with open_event_store(root, fs=fs) as es:
+            await es.create("a", [SessionCreated(session_id="a")])
+            fs.gate.clear()
+            fs.entered.clear()
+            a = es.append_nowait("a", SessionRenamed(title="x"))
+            await trio.to_thread.run_sync(fs.entered.wait)  # its batch is syncing; the next one is empty
+            async with trio.open_nursery() as n:
+                n.start_soon(es.wait_durable, "a", a.record.seq)
+                n.start_soon(es.flush)
+                await trio.sleep(0.05)
+                fs.gate.set()
+            assert es.durable_seq("a") == a.record.seq
