@@ -37,6 +37,7 @@ from projections.session import SessionState
 from . import protocol as p
 from .agent import Agent, DemoAgent
 from .errors import NotFound, ServiceError
+from .gc_policy import tune_gc
 from .store import SessionStore, StoreConfig, open_session_store
 from .subscriptions import Subscription
 
@@ -505,6 +506,7 @@ async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = 
         server = Server(store, config, agent or DemoAgent())
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
+            tune_gc()
             if on_ready is not None:
                 on_ready(server)
 
