@@ -68,17 +68,17 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
     records: list[Record] = []
     append = records.append
     pos = 0
-    end = len(data)
     line_no = base_line
-    while pos < end:
-        nl = data.find(b"\n", pos)
-        line_no += 1
-        if nl < 0:  # no newline: the tail of an interrupted write
+    lines = data.split(b"\n")
+    last = len(lines) - 1  # lines[last] has no newline: empty, or an interrupted write
+    for i, line in enumerate(lines):
+        if i == last:
             break
+        line_no += 1
         try:
-            rec = decode_record(data[pos:nl])
+            rec = decode_record(line)
         except RecordError as e:
-            if _any_good_after(data, nl + 1):
+            if _any_good_after(data, pos + len(line) + 1):
                 return Scan(records, base_offset + pos, 0, CorruptRecord(session_id, line_no, str(e)))
             break
         if expect_seq is not None and rec.seq != expect_seq:
@@ -86,8 +86,8 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
             return Scan(records, base_offset + pos, 0, CorruptRecord(session_id, line_no, reason))
         expect_seq = rec.seq + 1
         append(rec)
-        pos = nl + 1
-    return Scan(records, base_offset + pos, end - pos, None)
+        pos += len(line) + 1
+    return Scan(records, base_offset + pos, len(data) - pos, None)
 
 
 def _any_good_after(data: bytes, pos: int) -> bool:

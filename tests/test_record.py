@@ -45,7 +45,7 @@ def test_unknown_event_type_is_refused_not_guessed():
     import zlib
     rest = b'"seq":1,"ts":1.0,"type":"from_the_future","x":1}'
     line = b'{"crc":"%08x",%s' % (zlib.crc32(rest), rest)
-    with pytest.raises(RecordError, match="invalid event"):
+    with pytest.raises(RecordError, match="invalid record"):
         decode_record(line)
 
 

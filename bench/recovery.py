@@ -1,0 +1,113 @@
+"""Recovery: full replay next to a raw msgspec decode of the same bytes (the
+limit), startup with the checkpoint (tail replay only), and loading a very long
+session with and without its snapshot.
+
+    python -m bench recovery [--quick] [--sessions 1000] [--records 1000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import msgspec
+import trio
+
+from eventstore.events import EVENT_DECODER, MessageProgress
+from eventstore.fsio import OS_FILES
+from eventstore.log import list_session_ids, log_path
+from projections.recovery import load_session_state, recover_registry
+from server.store import StoreConfig, open_session_store
+
+from .populate import populate
+from .report import median, save, table, verdict
+
+
+def raw_decode(root: str) -> tuple[int, int, float]:
+    """Read every log and msgspec-decode each line into the event union: the limit."""
+    t0 = time.perf_counter()
+    n = size = 0
+    dec = EVENT_DECODER.decode
+    for sid in list_session_ids(OS_FILES, root):
+        with open(log_path(root, sid), "rb") as f:
+            data = f.read()
+        size += len(data)
+        for line in data.splitlines():
+            dec(line)
+            n += 1
+    return n, size, time.perf_counter() - t0
+
+
+async def long_session(root: str, records: int) -> str:
+    async with open_session_store(root, config=StoreConfig(checkpoint_interval=3600)) as store:
+        meta, _ = await store.create_session(first_message="a very long session")
+        async with store.inflight(meta.id) as msg:
+            for i in range(records):
+                msg.write("token %d " % i)
+                store.saver.flush(msg)
+                if i % 1000 == 0:
+                    await store.es.flush()
+        await store.load_session(meta.id)
+        await store.write_snapshot(meta.id)
+        for i in range(100):  # a tail past the snapshot
+            await store.append_message(meta.id, f"tail {i}") if i % 50 == 0 else None
+        return meta.id
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench recovery")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sessions", type=int, default=None)
+    ap.add_argument("--records", type=int, default=None, help="about this many records per session")
+    ap.add_argument("--runs", type=int, default=None)
+    a = ap.parse_args(argv)
+    sessions = a.sessions or (200 if a.quick else 1000)
+    per = a.records or (200 if a.quick else 1000)
+    runs = a.runs or (1 if a.quick else 3)
+    messages = max(2, per // 20 * 2)  # ~20 records per user+reply pair with 16 chunks
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
+        root = os.path.join(d, "store")
+        t0 = time.perf_counter()
+        info = trio.run(populate, root, sessions, messages, 0, 16)
+        build = time.perf_counter() - t0
+        raws, fulls, ckpts = [], [], []
+        for _ in range(runs):
+            n, size, secs = raw_decode(root)
+            raws.append(secs)
+            t = time.perf_counter()
+            _, _, rep = recover_registry(OS_FILES, root, use_checkpoint=False, repair=False)
+            fulls.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            _, _, rep2 = recover_registry(OS_FILES, root, use_checkpoint=True, repair=False)
+            ckpts.append(time.perf_counter() - t)
+        raw_s, full_s, ckpt_s = median(raws), median(fulls), median(ckpts)
+        long_root = os.path.join(d, "long")
+        long_n = 5_000 if a.quick else 50_000
+        sid = trio.run(long_session, long_root, long_n)
+        t = time.perf_counter()
+        load_session_state(OS_FILES, long_root, sid, use_snapshot=False)
+        long_full = time.perf_counter() - t
+        t = time.perf_counter()
+        _, used = load_session_state(OS_FILES, long_root, sid, use_snapshot=True)
+        long_snap = time.perf_counter() - t
+    rows = [
+        {"what": "raw msgspec decode (the limit)", "records": n, "MB": size / 2**20, "seconds": raw_s,
+         "records/s": n / raw_s, "vs raw": 1.0},
+        {"what": "full replay (read, check, decode, fold)", "records": rep.records, "MB": rep.bytes / 2**20,
+         "seconds": full_s, "records/s": rep.records / full_s, "vs raw": (rep.records / full_s) / (n / raw_s)},
+        {"what": f"startup with checkpoint ({rep2.checkpoint})", "records": rep2.records,
+         "MB": rep2.bytes / 2**20, "seconds": ckpt_s, "records/s": float("nan"), "vs raw": float("nan")},
+        {"what": f"load a {long_n}-record session, full replay", "records": long_n, "MB": float("nan"),
+         "seconds": long_full, "records/s": long_n / long_full, "vs raw": float("nan")},
+        {"what": "the same with its snapshot + tail", "records": float("nan"), "MB": float("nan"),
+         "seconds": long_snap, "records/s": float("nan"), "vs raw": float("nan")},
+    ]
+    print(f"store: {sessions} sessions, {info['records']} records (built in {build:.1f} s); median of {runs} run(s)")
+    print(table("recovery", rows))
+    print(verdict("full replay rate / raw decode rate", rows[1]["vs raw"], 0.5))
+    print(verdict("checkpoint startup / full replay time", ckpt_s / full_s, 1 / 20, higher_is_better=False))
+    print(f"  snapshot served the long session: {used}")
+    print("saved", save("recovery", {"rows": rows, "sessions": sessions, "runs": runs}))
+    _ = (msgspec, MessageProgress)
+    return 0
