@@ -27,8 +27,7 @@ async def grouped(root: str, appenders: int, seconds: float, mode: str) -> dict[
     async with open_event_store(root, sync_mode=mode) as es:  # type: ignore[arg-type]
         ids = [f"s{i}" for i in range(FILES)]
         for sid in ids:
-            if sid not in es:
-                await es.create(sid, [SessionCreated(session_id=sid)])
+            await es.create(sid, [SessionCreated(session_id=sid)])
         lat: list[float] = []
         done = 0
         deadline = trio.current_time() + seconds
@@ -93,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                      "recs/batch": 1.0, "x baseline": 1.0})
         for mode in ("auto", "syncfs", "fdatasync"):
             for appenders in (1, 100, 1000):
-                rs = [trio.run(grouped, os.path.join(d, f"g-{mode}"), appenders, seconds, mode) for _ in range(runs)]
+                rs = [trio.run(grouped, os.path.join(d, f"g-{mode}-{appenders}-{r}"), appenders, seconds, mode)
+                      for r in range(runs)]
                 r = median([x["records_s"] for x in rs])
                 rows.append({"how": f"group commit, {mode}", "appenders": appenders, "records/s": r,
                              "p50 ms": median([x["p50_ms"] for x in rs]), "p99 ms": median([x["p99_ms"] for x in rs]),

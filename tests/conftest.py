@@ -26,3 +26,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
                           env=env, timeout=60)
+
+
+def read_logs(root: str) -> dict[str, bytes]:
+    """Every session log under root, by session id, as bytes."""
+    from eventstore.fsio import OS_FILES
+    from eventstore.log import list_session_ids, log_path
+    out = {}
+    for sid in list_session_ids(OS_FILES, root):
+        with open(log_path(root, sid), "rb") as f:
+            out[sid] = f.read()
+    return out

@@ -10,11 +10,10 @@ import time
 import trio
 
 from eventstore.events import MessageFinalized
-from eventstore.fsio import OS_FILES
-from eventstore.log import list_session_ids, log_path, scan
+from eventstore.log import scan
 from server.store import open_session_store
 
-from .conftest import child
+from .conftest import child, read_logs
 
 STREAMER = r"""
 import signal, sys, trio
@@ -71,14 +70,6 @@ def run_streamer(root: str, n: int, sig: int, after_chars: int) -> dict[int, tup
     return {k: (info[k][0], info[k][1], written[k]) for k in info}
 
 
-def logs(root: str) -> dict[str, bytes]:
-    out = {}
-    for sid in list_session_ids(OS_FILES, root):
-        with open(log_path(root, sid), "rb") as f:
-            out[sid] = f.read()
-    return out
-
-
 async def test_sigkill_mid_stream_is_aborted_with_its_persisted_content(root):
     streams = await trio.to_thread.run_sync(run_streamer, root, 3, signal.SIGKILL, 300)
     async with open_session_store(root) as store:
@@ -90,10 +81,10 @@ async def test_sigkill_mid_stream_is_aborted_with_its_persisted_content(root):
             assert len(text) - len(m.content) <= 2 * 25 * 8, (len(text), len(m.content))
             assert len(m.content) >= 300 - 2 * 25 * 8
             assert store.get_meta(sid).status == "idle"
-    first = logs(root)
+    first = read_logs(root)
     async with open_session_store(root) as store:
         assert store.aborted_at_start == []
-    assert logs(root) == first, "a second restart changes nothing"
+    assert read_logs(root) == first, "a second restart changes nothing"
 
 
 async def test_sigterm_mid_stream_persists_everything_and_aborts_server_shutdown(root):
@@ -140,13 +131,13 @@ async def test_abort_sweep_runs_exactly_once_even_when_a_crash_interrupts_it(roo
         p.wait(30)
 
     await trio.to_thread.run_sync(crash_during_sweep)
-    half = sum(1 for sid, data in logs(root).items()
+    half = sum(1 for sid, data in read_logs(root).items()
                for r in scan(sid, data).records if isinstance(r.event, MessageFinalized))
     assert 1 <= half < 4, "the crash came in the middle of the sweep"
     for _ in range(2):
         async with open_session_store(root) as store:
             for sid, mid, _text in streams.values():
                 assert (await store.load_session(sid)).messages[mid].status == "aborted"
-    for sid, data in logs(root).items():
+    for sid, data in read_logs(root).items():
         finals = [r.event.msg_id for r in scan(sid, data).records if isinstance(r.event, MessageFinalized)]
         assert len(finals) == len(set(finals)) == 1, "aborted exactly once"

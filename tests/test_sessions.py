@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from eventstore import FileOps
-from eventstore.log import list_session_ids, log_path
+from eventstore.log import log_path
 from eventstore.fsio import OS_FILES
 from projections.maintenance import MaintenanceConfig
 from projections.recovery import recover_registry
@@ -18,6 +18,8 @@ from projections.session import truncate_preview
 from server.errors import BadRequest, Conflict, NotFound
 from server.store import FROZEN_ERROR, StoreConfig, open_session_store
 from server.titles import title_from_text
+
+from .conftest import read_logs
 
 
 @pytest.fixture
@@ -27,11 +29,7 @@ async def store(root):
 
 
 def log_bytes(store) -> dict[str, bytes]:  # type: ignore[no-untyped-def]
-    out = {}
-    for sid in list_session_ids(OS_FILES, store.root):
-        with open(log_path(store.root, sid), "rb") as f:
-            out[sid] = f.read()
-    return out
+    return read_logs(store.root)
 
 
 # -- create -------------------------------------------------------------------

@@ -14,14 +14,13 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket
 
 from eventstore.fsio import OS_FILES
-from eventstore.log import list_session_ids, log_path
 from projections.recovery import load_session_state
 from server.agent import DemoAgent
 from server.client import ServerError, open_client
 from server.store import StoreConfig
 from server.ws import Server, ServerConfig, serve_store
 
-from .conftest import ROOT
+from .conftest import ROOT, read_logs
 
 TOKEN = "test-token"
 
@@ -59,14 +58,6 @@ async def server(root, nursery):
 def log_content(root: str, sid: str, msg_id: str) -> str:
     state, _ = load_session_state(OS_FILES, root, sid, use_snapshot=False)
     return state.messages[msg_id].content
-
-
-def all_logs(root: str) -> dict[str, bytes]:
-    out = {}
-    for sid in list_session_ids(OS_FILES, root):
-        with open(log_path(root, sid), "rb") as f:
-            out[sid] = f.read()
-    return out
 
 
 async def test_chat_stream_and_a_second_client_joining_mid_stream(server, root):
@@ -165,7 +156,7 @@ async def test_every_bad_frame_gets_an_error_and_changes_nothing(server, root):
     with trio.fail_after(30):
         async with server.client() as good:
             created = await good.request("create_session")
-            before = all_logs(root)
+            before = read_logs(root)
             async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False) as ws:
                 for frame, code in BAD_FRAMES:
                     await ws.send_message(frame)
@@ -188,7 +179,7 @@ async def test_every_bad_frame_gets_an_error_and_changes_nothing(server, root):
                 await ws.send_message('{"action": "list_sessions", "request_id": 7}')
                 reply = json.loads(await ws.get_message())
                 assert reply["type"] == "sessions_list" and reply["request_id"] == 7
-            after = {k: v for k, v in all_logs(root).items() if k in before}
+            after = {k: v for k, v in read_logs(root).items() if k in before}
             assert after == before
             rows = await good.request("list_sessions")  # the server keeps serving others
             assert created["session"]["id"] in [r["id"] for r in rows["rows"]]
