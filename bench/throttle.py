@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--per-task", action="store_true", help="one sleeping task per producer")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile the runs with pyinstrument (pip install pyinstrument) and print where the time goes")
     a = ap.parse_args(argv)
     counts = [int(x) for x in (a.streams or ("1000,5000" if a.quick else "1000,5000,10000")).split(",")]
     seconds = a.seconds or (5.0 if a.quick else 10.0)
@@ -208,7 +210,14 @@ def main(argv: list[str] | None = None) -> int:
             rs = []
             for r in range(runs):
                 root = os.path.join(d, f"s{n}-{r}")
+                if a.profile:
+                    from pyinstrument import Profiler
+                    prof = Profiler(interval=0.001)
+                    prof.start()
                 rs.append(trio.run(run_streams, root, n, seconds, a.per_task))
+                if a.profile:
+                    prof.stop()
+                    print(prof.output_text(unicode=False, color=False, show_all=False))
             mid = sorted(rs, key=lambda x: x["records/s"])[len(rs) // 2]
             rows.append(mid)
         bs = 2.0 if a.quick else 4.0

@@ -84,12 +84,14 @@ class ProjectRegistry:
     def __contains__(self, project_id: str) -> bool:
         return project_id == DEFAULT_PROJECT_ID or project_id in self._projects
 
+    def view(self, project_id: str) -> ProjectView:
+        """A project with whether its folder is gone (one stat)."""
+        p = self.get(project_id)
+        return ProjectView(id=p.id, name=p.name, path=p.path, is_default=p.is_default,
+                           path_missing=not os.path.isdir(p.path))
+
     def list(self) -> list[ProjectView]:
-        out = []
-        for p in [self.default(), *self._projects.values()]:
-            out.append(ProjectView(id=p.id, name=p.name, path=p.path, is_default=p.is_default,
-                                   path_missing=not os.path.isdir(p.path)))
-        return out
+        return [self.view(pid) for pid in (DEFAULT_PROJECT_ID, *self._projects)]
 
     def workdir_for(self, project_id: str | None) -> str | None:
         """The project's folder, or None when it vanished (never the home

@@ -184,10 +184,7 @@ class SessionStore:
 
     def _project_view(self, project_id: str | None) -> ProjectView | None:
         pid = project_id or DEFAULT_PROJECT_ID
-        for p in self.projects.list() if pid in self.projects else ():
-            if p.id == pid:
-                return p
-        return None
+        return self.projects.view(pid) if pid in self.projects else None
 
     async def load_session(self, session_id: str) -> SessionState:
         """The session's full state (meta + message DAG), from memory, or from its
@@ -220,15 +217,18 @@ class SessionStore:
         return state
 
     def _evict_states(self) -> None:
+        """Drop least recently used loaded sessions past the cache size; sessions
+        with running messages stay (they are moved to the back, so the front
+        of the LRU keeps the candidates and a pass stays short)."""
         excess = len(self._states) - self.config.state_cache
-        if excess <= 0:
-            return
-        for sid in list(self._states):
-            if excess <= 0:
-                break
-            st = self._states[sid]
-            meta = st.meta
-            if meta is not None and meta.open_msgs:
+        looked = 0
+        while excess > 0 and looked < len(self._states):
+            sid, st = next(iter(self._states.items()))
+            looked += 1
+            if st.meta is not None and st.meta.open_msgs:
+                self._states.move_to_end(sid)
+                if looked > excess + 64:
+                    return  # mostly running sessions: try again on a later load
                 continue
             del self._states[sid]
             excess -= 1
@@ -267,7 +267,8 @@ class SessionStore:
             raise
         self._evict_states()
         meta = self.get_meta(sid)
-        self._notify("session_created", self.get_row(sid))
+        if self.watchers:
+            self._notify("session_created", self.get_row(sid))
         return meta, msg_id
 
     async def append_message(self, session_id: str, content: str, *, role: str = "user",
