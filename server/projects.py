@@ -50,7 +50,10 @@ class ProjectRegistry:
         self.torn: TornTail | None = None
 
     def load_sync(self) -> None:
-        self.fs.makedirs(os.path.dirname(self.path))
+        folder = os.path.dirname(self.path)
+        if not self.fs.exists(folder):
+            self.fs.makedirs(folder)
+            self.fs.fsync_dir(os.path.dirname(folder))  # the folder's name, durable in the root
         if not self.fs.exists(self.path):
             return
         data = self.fs.read_bytes(self.path)

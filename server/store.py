@@ -621,8 +621,8 @@ class SessionStore:
             if phase1 is not None and meta.title != phase1:
                 return  # the phase-1 title was changed meanwhile: give up
             await self.update_session(session_id, title=title[:80], _auto_titled=True, _title_gen_count=gen + 1)
-        except (NotFound, trio.Cancelled):
-            raise
+        except NotFound:
+            return  # deleted meanwhile
         except Exception:  # a title is never worth a crash; the next threshold tries again
             log.exception("auto-title of %s failed", session_id)
 

@@ -437,3 +437,17 @@ async def test_fresh_empty_session_survives_a_restart(root):
         meta, _ = await store.create_session()
     async with open_session_store(root) as store:
         assert store.get_meta(meta.id).status == "idle"
+
+
+async def test_deleting_a_session_while_its_title_is_generated_keeps_the_store_up(root):
+    titler = GateTitler()
+    async with open_session_store(root, titler=titler) as store:
+        meta, _ = await store.create_session(first_message="Weekend plan")
+        await reply(store, meta.id)
+        await titler.entered.wait()
+        await store.delete_session(meta.id)
+        titler.gate.set()
+        await settled(store)
+        other, _ = await store.create_session(first_message="still here")
+        await reply(store, other.id)
+        await settled(store)
