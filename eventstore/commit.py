@@ -207,6 +207,7 @@ class EventStore:
         except FileExistsError:
             raise SessionExists(f"session {session_id!r} already exists") from None
         except OSError as e:
+            self._broken = e  # like a failed batch: fatal, never retried
             raise StoreBroken(f"creating session {session_id!r} failed: {e}") from e
         finally:
             self._creating.discard(session_id)
@@ -240,7 +241,11 @@ class EventStore:
         self._sessions.pop(session_id, None)
         fd = self._fds.pop(session_id, None)
         folder = session_dir(self.root, session_id)
-        await trio.to_thread.run_sync(self._remove_sync, folder, fd)
+        try:
+            await trio.to_thread.run_sync(self._remove_sync, folder, fd)
+        except OSError as e:  # the tombstone is durable: the next start finishes the removal
+            self._broken = e
+            raise StoreBroken(f"removing session {session_id!r} failed: {e}") from e
 
     def _remove_sync(self, folder: str, fd: int | None) -> None:
         if fd is not None:

@@ -664,7 +664,7 @@ class SessionStore:
             await self._ckpt_dirty.wait()
             await trio.sleep(self.config.checkpoint_interval)
             self._ckpt_dirty = trio.Event()
-            await self.write_checkpoint()
+            await self._cache_write(self.write_checkpoint)
 
     async def _snapshot_loop(self) -> None:
         while True:
@@ -673,7 +673,18 @@ class SessionStore:
             self._snap_wake = trio.Event()
             dirty, self._snap_dirty = self._snap_dirty, set()
             for sid in dirty:
-                await self.write_snapshot(sid)
+                await self._cache_write(self.write_snapshot, sid)
+
+    async def _cache_write(self, write: Callable[..., Any], *args: Any) -> None:
+        """Checkpoints are caches: a failed write leaves the old file (the temp
+        file is never renamed over it), is logged, and a later debounce writes a
+        new file. A broken log store ends the attempts."""
+        if self.es.broken is not None:
+            return
+        try:
+            await write(*args)
+        except (OSError, EventStoreError) as e:
+            log.error("writing a checkpoint failed (the logs are intact; startup will replay more): %s", e)
 
     # -- startup / shutdown -------------------------------------------------
 
@@ -709,7 +720,7 @@ class SessionStore:
                 log.info("removed session %s at startup: %s", sid, why)
         if self.aborted_at_start:
             log.info("aborted %d message(s) left running by a dead writer", len(self.aborted_at_start))
-        await self.write_checkpoint()
+        await self._cache_write(self.write_checkpoint)
 
     async def _shutdown(self) -> None:
         """Flush every saver, abort what still runs ("server shutdown"), write
@@ -721,8 +732,8 @@ class SessionStore:
             msg.abort_reason = msg.abort_reason or "server shutdown"
             await self._finalize(msg, "aborted", reason=msg.abort_reason)
         for sid in list(self._snap_dirty):
-            await self.write_snapshot(sid)
-        await self.write_checkpoint()
+            await self._cache_write(self.write_snapshot, sid)
+        await self._cache_write(self.write_checkpoint)
 
 
 _ROLES = {"user", "assistant", "tool", "system"}

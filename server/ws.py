@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
+from eventstore.fsio import OS_FILES, FileOps
 from eventstore.errors import (EventStoreError, InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
                                StoreClosed, UnknownSession)
 from projections.session import SessionState
@@ -313,6 +314,8 @@ def _error_of(e: BaseException) -> tuple[str, str]:
             return "frame_too_large", str(e)
         case StoreBroken() | StoreClosed():
             return "store_broken", str(e)
+        case OSError():
+            return "store_broken", f"a disk operation failed: {e}"
         case _:
             return "internal", f"{type(e).__name__}: {e}"
 
@@ -500,9 +503,9 @@ class Connection:
 
 async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = None,
                       store_config: StoreConfig | None = None,
-                      on_ready: Callable[[Server], None] | None = None) -> None:
+                      on_ready: Callable[[Server], None] | None = None, fs: FileOps = OS_FILES) -> None:
     """Open the store (recovering first), serve until cancelled, shut down gracefully."""
-    async with open_session_store(root, config=store_config) as store:
+    async with open_session_store(root, config=store_config, fs=fs) as store:
         server = Server(store, config, agent or DemoAgent())
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
