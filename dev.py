@@ -3,6 +3,7 @@
 
     python3 dev.py serve [sessionlog serve options]   the server and its web page
     python3 dev.py test [pytest options]               the test suite
+    python3 dev.py torture                             the reliability suite's long mode
 
 Needs only Python 3.11+; everything else is installed into ./.venv.
 """
@@ -35,12 +36,17 @@ def ensure_venv() -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"serve", "test"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"serve", "test", "torture"}:
         sys.exit(__doc__)
     ensure_venv()
     job, rest = sys.argv[1], sys.argv[2:]
     if job == "serve":
         cmd = [str(BIN / "sessionlog"), "serve", *rest]
+    elif job == "torture":
+        os.environ.setdefault("SESSIONLOG_TORTURE_KILLS", "200")
+        os.environ.setdefault("SESSIONLOG_POWERLOSS_IMAGES", "20000")
+        cmd = [str(BIN / "python"), "-m", "pytest", "-s", "tests/test_torture.py", "tests/test_powerloss.py",
+               "tests/test_faults.py", "tests/test_fuzz.py", "tests/test_hostile.py", "tests/test_damage.py", *rest]
     else:
         cmd = [str(BIN / "python"), "-m", "pytest", *rest]
     os.chdir(ROOT)

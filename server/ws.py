@@ -31,6 +31,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
 from eventstore.fsio import OS_FILES, FileOps
+from eventstore.ids import validate_session_id
 from eventstore.errors import (EventStoreError, InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
                                StoreClosed, UnknownSession)
 from projections.session import SessionState
@@ -354,7 +355,11 @@ class Connection:
     async def _sender(self) -> None:
         async for frame in self._recv:
             with trio.move_on_after(self.server.config.send_timeout):
-                await self.ws.send_message(frame)
+                try:
+                    await self.ws.send_message(frame)
+                except ConnectionClosed:
+                    self.nursery.cancel_scope.cancel()  # the client left; the reader ends too
+                    return
                 continue
             self.drop("a frame was not taken within the send timeout")
             return
@@ -405,6 +410,7 @@ class Connection:
             case p.SubscribeMsg() as r:
                 await self.subscribe(r)
             case p.UnsubscribeMsg(session_id=sid, msg_id=mid):
+                validate_session_id(sid)
                 scope = self.subs.pop((sid, mid), None)
                 if scope is not None:
                     scope.cancel()
