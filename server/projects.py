@@ -11,7 +11,7 @@ from typing import Final
 import msgspec
 import trio
 
-from eventstore.errors import TornTail
+from eventstore.errors import StoreBroken, TornTail
 from eventstore.events import ProjectCreated, ProjectMoved
 from eventstore.fsio import FileOps
 from eventstore.log import append_durable, repair_torn_tail, scan
@@ -47,6 +47,7 @@ class ProjectRegistry:
         self._projects: dict[str, Project] = {}
         self._seq = 0
         self._lock = trio.Lock()
+        self._broken: OSError | None = None
         self.torn: TornTail | None = None
 
     def load_sync(self) -> None:
@@ -104,8 +105,16 @@ class ProjectRegistry:
 
     async def _append(self, ev: ProjectCreated | ProjectMoved) -> None:
         async with self._lock:
+            if self._broken is not None:
+                raise StoreBroken("the project log failed to write or sync; restart to recover") from self._broken
             line = encode_record(self._seq + 1, time.time(), ev)
-            await trio.to_thread.run_sync(append_durable, self.fs, self.path, line)
+            try:
+                await trio.to_thread.run_sync(append_durable, self.fs, self.path, line)
+            except OSError as e:
+                # Like the session logs: fatal and never retried (the line may be
+                # in the file already; a retry would repeat its seq).
+                self._broken = e
+                raise StoreBroken(f"writing the project log failed: {e}") from e
             self._seq += 1
             self._apply(ev)
 

@@ -166,3 +166,23 @@ async def test_clients_get_a_clear_error_when_the_disk_fails(root, nursery):
         assert e.value.code == "store_broken"
         rows = await c.request("list_sessions")  # reads still work
         assert rows["total"] == 1
+
+
+@pytest.mark.parametrize("site", ["write", "fsync"])
+async def test_a_failure_in_the_project_log_changes_nothing(root, tmp_path, site):
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    fs = FaultyFS(site, errno.EIO, permanent=False)
+    async with open_session_store(root, fs=fs, config=CONFIG) as store:
+        before = [p.id for p in store.list_projects()]
+        fs.armed = True
+        with pytest.raises(StoreBroken):
+            await store.create_project("p", str(folder))
+        assert [p.id for p in store.list_projects()] == before, "a project is listed only once durable"
+        fs.armed = False
+        with pytest.raises(StoreBroken):  # never retried: the failed line may be in the file already
+            await store.create_project("q", str(folder))
+        assert fs.calls_after_failure == 0
+    async with open_session_store(root, config=CONFIG) as store:  # opens cleanly, whatever reached the disk
+        assert "default" in [p.id for p in store.list_projects()]
+        await store.create_project("r", str(folder))
