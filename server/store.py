@@ -41,7 +41,7 @@ from .errors import BadRequest, Conflict, NotFound
 from .inflight import PROGRESS_INTERVAL, STALL_TIMEOUT, InflightMessage, ThrottledSaver
 from .projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from .subscriptions import MsgUpdate, Subscription, SubscriptionHub
-from .titles import RECENT_FOR_TITLE, RETITLE_AT_TURNS, KeywordTitler, TitleGenerator, title_from_text
+from .titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
 
 log = logging.getLogger("sessionlog")
 
@@ -340,7 +340,7 @@ class SessionStore:
     async def regenerate_title(self, session_id: str) -> dict[str, Any]:
         """Have the title generator name the session now; does not lock the title."""
         state = await self.load_session(session_id)
-        title = await self.titler.generate(self._recent(state))
+        title = await self.titler.generate(recent_messages(state))
         return await self.update_session(session_id, title=title or state.meta.title)  # type: ignore[union-attr]
 
     async def set_archived(self, session_id: str, flag: bool) -> bool:
@@ -587,44 +587,7 @@ class SessionStore:
 
     def _after_reply(self, session_id: str) -> None:
         if self._nursery is not None and not self.shutting_down:
-            self._nursery.start_soon(self._maybe_auto_title, session_id)
-
-    @staticmethod
-    def _recent(state: SessionState) -> list[MessageSnapshot]:
-        return [m for m in state.branch() if m.caller is None][-RECENT_FOR_TITLE:]
-
-    async def _maybe_auto_title(self, session_id: str) -> None:
-        """spec "Auto-naming": phase 1 at the first reply, phase 2 in the background
-        at the 1st, 6th, 16th and 40th, with the race checks."""
-        try:
-            state = await self.load_session(session_id)
-            meta = state.meta
-            if meta is None or meta.user_titled:
-                return
-            replies = sum(1 for m in state.messages.values()
-                          if m.role == "assistant" and m.caller is None and m.status == "done")
-            if replies not in RETITLE_AT_TURNS:
-                return
-            gen = meta.title_gen_count
-            phase1 = None
-            if gen == 0:
-                first_user = next((m for m in state.branch() if m.role == "user"), None)
-                phase1 = title_from_text(first_user.content if first_user else "") or meta.title
-                await self.update_session(session_id, title=phase1, _auto_titled=True, _title_gen_count=1)
-                gen = 1
-            elif gen >= 2 and replies <= RETITLE_AT_TURNS[min(gen - 2, len(RETITLE_AT_TURNS) - 1)]:
-                return  # this threshold's title was generated already
-            title = await self.titler.generate(self._recent(state))
-            meta = self.registry.get(session_id)
-            if meta is None or meta.user_titled or not title:
-                return  # deleted, or the user renamed meanwhile: give up
-            if phase1 is not None and meta.title != phase1:
-                return  # the phase-1 title was changed meanwhile: give up
-            await self.update_session(session_id, title=title[:80], _auto_titled=True, _title_gen_count=gen + 1)
-        except NotFound:
-            return  # deleted meanwhile
-        except Exception:  # a title is never worth a crash; the next threshold tries again
-            log.exception("auto-title of %s failed", session_id)
+            self._nursery.start_soon(maybe_auto_title, self, session_id)
 
     # -- checkpoints --------------------------------------------------------
 

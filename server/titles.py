@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+import logging
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
-from projections.session import MessageSnapshot
+from projections.session import MessageSnapshot, SessionState
+
+from .errors import NotFound
+
+if TYPE_CHECKING:
+    from .store import SessionStore
+
+log = logging.getLogger("sessionlog")
 
 RETITLE_AT_TURNS: Final = (1, 6, 16, 40)
 TITLE_LEN: Final = 50
@@ -59,3 +67,44 @@ class KeywordTitler:
             if w.lower() in top and w.lower() not in (s.lower() for s in seen):
                 seen.append(w)
         return " ".join(s[:1].upper() + s[1:] for s in seen)[:TITLE_LEN]
+
+
+def recent_messages(state: SessionState) -> list[MessageSnapshot]:
+    """The conversation the title generator sees: the last 20 messages of the branch."""
+    return [m for m in state.branch() if m.caller is None][-RECENT_FOR_TITLE:]
+
+
+async def maybe_auto_title(store: SessionStore, session_id: str) -> None:
+    """spec "Auto-naming": run after a finished assistant reply. Phase 1 at the
+    first reply; phase 2 (the generator) at the 1st, 6th, 16th and 40th, in the
+    background, giving up when the user renamed meanwhile, or (the first time)
+    when the phase-1 title was changed meanwhile."""
+    try:
+        state = await store.load_session(session_id)
+        meta = state.meta
+        if meta is None or meta.user_titled:
+            return
+        replies = sum(1 for m in state.messages.values()
+                      if m.role == "assistant" and m.caller is None and m.status == "done")
+        if replies not in RETITLE_AT_TURNS:
+            return
+        gen = meta.title_gen_count
+        phase1 = None
+        if gen == 0:
+            first_user = next((m for m in state.branch() if m.role == "user"), None)
+            phase1 = title_from_text(first_user.content if first_user else "") or meta.title
+            await store.update_session(session_id, title=phase1, _auto_titled=True, _title_gen_count=1)
+            gen = 1
+        elif gen >= 2 and replies <= RETITLE_AT_TURNS[min(gen - 2, len(RETITLE_AT_TURNS) - 1)]:
+            return  # this threshold's title was generated already
+        title = await store.titler.generate(recent_messages(state))
+        meta = store.registry.get(session_id)
+        if meta is None or meta.user_titled or not title:
+            return  # deleted, or the user renamed meanwhile: give up
+        if phase1 is not None and meta.title != phase1:
+            return  # the phase-1 title was changed meanwhile: give up
+        await store.update_session(session_id, title=title[:80], _auto_titled=True, _title_gen_count=gen + 1)
+    except NotFound:
+        return  # deleted meanwhile
+    except Exception:  # a title is never worth a crash; the next threshold tries again
+        log.exception("auto-title of %s failed", session_id)

@@ -268,7 +268,7 @@ async def settled(store) -> None:  # type: ignore[no-untyped-def]
     with trio.fail_after(10):
         while True:
             await trio.testing.wait_all_tasks_blocked()
-            if not any(t.name.endswith("_maybe_auto_title") for t in store._nursery.child_tasks):
+            if not any(t.name.endswith("maybe_auto_title") for t in store._nursery.child_tasks):
                 return
             await trio.sleep(0.001)
 
