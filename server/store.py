@@ -687,15 +687,16 @@ class SessionStore:
 
     async def _shutdown(self) -> None:
         """Flush every saver, abort what still runs ("server shutdown"), write
-        the checkpoint and the snapshots."""
+        the registry checkpoint."""
         self.shutting_down = True
         if self.es.broken is not None:
             return
         for msg in list(self.saver.active.values()):
             msg.abort_reason = msg.abort_reason or "server shutdown"
             await self._finalize(msg, "aborted", reason=msg.abort_reason)
-        for sid in list(self._snap_dirty):
-            await self._cache_write(self.write_snapshot, sid)
+        # Snapshots are left to the debounce: a session without a fresh one is
+        # loaded by replaying its log's tail, and writing thousands of them here
+        # would make a stop slow. The registry checkpoint is what startup reads.
         await self._cache_write(self.write_checkpoint)
 
 
