@@ -35,7 +35,7 @@ from typing import Final, NamedTuple
 from .errors import CorruptRecord, TornTail
 from .fsio import FileOps
 from .ids import is_valid_session_id, validate_session_id
-from .record import Record, RecordError, decode_record
+from .record import Record, RecordError, decode_record, decode_record_for_meta
 
 LOG_NAME: Final = "log.jsonl"
 SESSIONS_DIR: Final = "sessions"
@@ -59,12 +59,15 @@ class Scan(NamedTuple):
 
 
 def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int = 0,
-         expect_seq: int | None = None) -> Scan:
+         expect_seq: int | None = None, meta_only: bool = False) -> Scan:
     """Decode a log (or a log's tail starting at `base_offset`). Pure.
 
     Stops at the first damaged record; if a good record follows it, that is
-    corruption, otherwise everything from it on is a torn tail.
+    corruption, otherwise everything from it on is a torn tail. With
+    `meta_only`, progress records are checked (checksum, envelope, seq) but
+    not decoded (see decode_record_for_meta): for registry rebuilds.
     """
+    decode = decode_record_for_meta if meta_only else decode_record
     records: list[Record] = []
     append = records.append
     pos = 0
@@ -76,7 +79,7 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
             break
         line_no += 1
         try:
-            rec = decode_record(line)
+            rec = decode(line)
         except RecordError as e:
             if _any_good_after(data, pos + len(line) + 1):
                 return Scan(records, base_offset + pos, 0, CorruptRecord(session_id, line_no, str(e)))

@@ -15,7 +15,7 @@ from typing import Final, NamedTuple
 import msgspec
 
 from .errors import RecordTooLarge
-from .events import EVENT_DECODER, EVENT_ENCODER, Event
+from .events import EVENT_DECODER, EVENT_ENCODER, Event, MessageProgress
 
 # A log line longer than this is refused, so replay and the tail reader stay
 # bounded in memory. A finalize carries a whole reply; 4 MiB holds a long
@@ -55,14 +55,7 @@ class _Envelope(msgspec.Struct):
 _ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
 
 
-def decode_record(line: bytes) -> Record:
-    """Decode one line (with or without its newline). Raises RecordError.
-
-    The checksum is checked first (a flipped bit is caught before any parse);
-    then msgspec reads the envelope and the event from the same bytes, each
-    decoder skipping the other's keys."""
-    if line.endswith(b"\n"):
-        line = line[:-1]
+def _checked_envelope(line: bytes) -> _Envelope:
     if not line.startswith(_CRC_OPEN) or line[16:18] != b'",':
         raise RecordError("no checksum header")
     try:
@@ -72,10 +65,46 @@ def decode_record(line: bytes) -> Record:
     if zlib.crc32(memoryview(line)[_HEADER_LEN:]) != crc:
         raise RecordError("checksum mismatch")
     try:
-        env = _ENVELOPE.decode(line)
+        return _ENVELOPE.decode(line)
+    except msgspec.ValidationError as e:
+        raise RecordError(f"invalid record: {e}") from None
+    except msgspec.DecodeError as e:
+        raise RecordError(f"not JSON: {e}") from None
+
+
+def decode_record(line: bytes) -> Record:
+    """Decode one line (with or without its newline). Raises RecordError.
+
+    The checksum is checked first (a flipped bit is caught before any parse);
+    then msgspec reads the envelope and the event from the same bytes, each
+    decoder skipping the other's keys."""
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    env = _checked_envelope(line)
+    try:
         event = EVENT_DECODER.decode(line)
     except msgspec.ValidationError as e:
         raise RecordError(f"invalid record: {e}") from None
     except msgspec.DecodeError as e:
         raise RecordError(f"not JSON: {e}") from None
     return Record(env.seq, env.ts, event)
+
+
+# A stand-in for the events a registry-only replay does not need to read.
+PROGRESS_STANDIN: Final = MessageProgress(msg_id="")
+_TYPE_KEY: Final = b',"type":"'
+_PROGRESS_TAG: Final = b'message_progress"'
+
+
+def decode_record_for_meta(line: bytes) -> Record:
+    """Like decode_record, but a `message_progress` record (which no meta or
+    registry fold reads) is checked by its checksum and envelope only and
+    returned with PROGRESS_STANDIN as its event. The `type` key is the first
+    string-valued key after `seq` and `ts`, so finding it is exact."""
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    t = line.find(_TYPE_KEY, _HEADER_LEN)
+    if t > 0 and line.startswith(_PROGRESS_TAG, t + len(_TYPE_KEY)):
+        env = _checked_envelope(line)
+        return Record(env.seq, env.ts, PROGRESS_STANDIN)
+    return decode_record(line)

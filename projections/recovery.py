@@ -67,7 +67,7 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     """Fold a session's log (or its tail past a checkpoint entry) into its meta."""
     offset = entry_end if entry_meta is not None else 0
     data = read_log(fs, root, sid, offset=offset)
-    s = scan(sid, data, base_offset=offset, expect_seq=entry_seq + 1 if offset else 1)
+    s = scan(sid, data, base_offset=offset, expect_seq=entry_seq + 1 if offset else 1, meta_only=True)
     if offset and (s.corrupt is not None or (s.torn_bytes and not s.records)):
         # The tail does not continue the checkpoint: trust only the log.
         return replay_meta(fs, root, sid, report, repair=repair)

@@ -93,3 +93,17 @@ def test_scan_seq_gap_is_corruption():
     gap = encode_record(1, 1.0, SessionRenamed(title="a")) + encode_record(3, 1.0, SessionRenamed(title="b"))
     s = scan("s", gap, expect_seq=1)
     assert s.corrupt is not None and "seq 3 where 2" in s.corrupt.reason
+
+
+def test_meta_only_decoding_checks_progress_records_without_reading_them():
+    from eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
+    prog = encode_record(4, 2.5, MessageProgress(msg_id="m", content_delta='"type":"session_renamed"', offset=1))
+    rec = decode_record_for_meta(prog)
+    assert (rec.seq, rec.ts, rec.event) == (4, 2.5, PROGRESS_STANDIN)
+    other = encode_record(5, 3.0, SessionRenamed(title='"type":"message_progress"'))
+    assert decode_record_for_meta(other).event == SessionRenamed(title='"type":"message_progress"')
+    i = prog.index(b"offset")
+    with pytest.raises(RecordError, match="checksum mismatch"):
+        decode_record_for_meta(prog[:i] + b"O" + prog[i + 1:])
+    s = scan("s", LOG + prog.replace(b'"seq":4', b'"seq":6'), expect_seq=1, meta_only=True)
+    assert s.corrupt is None and s.torn_bytes  # a changed seq breaks the checksum: a torn tail here
