@@ -22,7 +22,7 @@ from eventstore.record import Record
 
 from .checkpoint import (IndexCheckpoint, SessionEntry, SessionSnapshot, encode_index, encode_snapshot,
                          read_index, read_snapshot, snapshot_path, write_index, write_snapshot)
-from .recovery import load_session_state, recover_registry
+from .recovery import fold_until, load_session_state, recover_registry
 from .session import SessionState
 
 Progress = Callable[[int, int], None]
@@ -70,17 +70,6 @@ class Problem:
         return f"{self.session_id}{at}: {self.what}"
 
 
-def _fold_until(records: list[Record], seq: int, data: bytes) -> SessionState:
-    state = SessionState()
-    pos = 0
-    for rec in records:
-        pos = data.index(b"\n", pos) + 1
-        if rec.seq > seq:
-            break
-        state.apply(rec, pos)
-    return state
-
-
 def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[int, list[Problem]]:
     """Check every log (checksums, seq order, tails) and every cache against a
     replay. Changes nothing. Returns (sessions checked, problems)."""
@@ -105,7 +94,7 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
             if entry.seq > last or entry.end > s.good_end:
                 problems.append(Problem(sid, None, f"index.json is ahead of the log (seq {entry.seq} > {last})"))
             else:
-                st = _fold_until(s.records, entry.seq, data)
+                st = fold_until(s.records, data, entry.seq)
                 if st.meta is None or enc.encode(st.meta) != enc.encode(entry.meta) or st.end != entry.end:
                     problems.append(Problem(sid, None, f"index.json row disagrees with a replay to seq {entry.seq}"))
         snap = read_snapshot(fs, root, sid)
@@ -115,7 +104,7 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
             if snap.seq > last:
                 problems.append(Problem(sid, None, f"snapshot.json is ahead of the log (seq {snap.seq} > {last})"))
             else:
-                st = _fold_until(s.records, snap.seq, data)
+                st = fold_until(s.records, data, snap.seq)
                 if enc.encode(SessionSnapshot.of(st)) != enc.encode(snap):
                     problems.append(Problem(sid, None, f"snapshot.json disagrees with a replay to seq {snap.seq}"))
         if progress is not None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from eventstore.errors import CorruptRecord, TornTail
 from eventstore.fsio import FileOps
+from eventstore.record import Record
 from eventstore.log import list_session_ids, log_path, read_log, repair_torn_tail, scan, session_dir
 
 from .checkpoint import IndexCheckpoint, read_index, read_snapshot
@@ -151,10 +152,18 @@ def load_session_state(fs: FileOps, root: str, sid: str, *, use_snapshot: bool =
             return state, True
     data = read_log(fs, root, sid)
     s = scan(sid, data, expect_seq=1)
+    return fold_until(s.records, data, s.records[-1].seq if s.records else 0), False
+
+
+def fold_until(records: list[Record], data: bytes, seq: int, *, base: int = 0) -> SessionState:
+    """A session's state as of `seq`, folded from a scan of `data` (a log, or its
+    tail from byte `base`), each record paired with the offset just past it."""
     state = SessionState()
-    for rec, end in _with_ends(s.records, data, 0):
+    for rec, end in _with_ends(records, data, base):
+        if rec.seq > seq:
+            break
         state.apply(rec, end)
-    return state, False
+    return state
 
 
 def _with_ends(records, data: bytes, base: int):  # type: ignore[no-untyped-def]

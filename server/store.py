@@ -33,7 +33,7 @@ from projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index,
                                     write_index, write_snapshot)
 from projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
 from projections.maintenance import MaintenanceConfig, plan_maintenance
-from projections.recovery import RecoveryReport, load_session_state, recover_registry
+from projections.recovery import RecoveryReport, fold_until, load_session_state, recover_registry
 from projections.registry import InvalidFilter, Registry
 from projections.session import MessageSnapshot, SessionMeta, SessionState
 
@@ -388,7 +388,6 @@ class SessionStore:
 
     async def create_project(self, name: str, path: str) -> ProjectView:
         p = await self.projects.create(name, path)
-        self._notify("projects_changed", {})
         view = self._project_view(p.id)
         assert view is not None
         return view
@@ -420,7 +419,6 @@ class SessionStore:
         node_id = new_session_id()
         await self._append(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,
                                                         old_path=old, path=new))
-        self._notify("projects_changed", {})
         return {"ok": True, "old_path": old, "path": new, "node_id": node_id}
 
     # -- in-flight ----------------------------------------------------------
@@ -570,18 +568,9 @@ class SessionStore:
         """How long the message's content was as of `seq` (read from the log)."""
         await self.es.flush()
         data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
-        length = 0
-        for rec in scan(session_id, data).records:
-            if rec.seq > seq:
-                break
-            ev = rec.event
-            if isinstance(ev, MessageCreated) and ev.msg_id == msg_id:
-                length = len(ev.content)
-            elif isinstance(ev, MessageProgress) and ev.msg_id == msg_id:
-                length = ev.offset + len(ev.content_delta)
-            elif isinstance(ev, MessageFinalized) and ev.msg_id == msg_id and ev.content is not None:
-                length = len(ev.content)
-        return length
+        state = fold_until(scan(session_id, data).records, data, seq)
+        m = state.messages.get(msg_id)
+        return len(m.content) if m is not None else 0
 
     # -- titles -------------------------------------------------------------
 
