@@ -18,9 +18,11 @@ While that thread syncs, the next batch fills:
     waiters of 1:                                       wake up
 
 How a batch is made durable (`sync_mode`): "fdatasync" syncs each dirty file
-(~0.1 ms each here), "syncfs" makes one Linux syncfs(2) call on a descriptor
-of the data root (one device flush for any number of files; it also flushes
-other dirty files of that filesystem), "auto" (the default) uses fdatasync
+(~0.1 ms each here), "syncfs" makes one Linux syncfs(2) call per filesystem
+holding a dirty log (the `st_dev` of each log, found when its descriptor is
+opened: a session folder may be a symlink or a mount on another device than
+the root; one device flush for any number of files, which also flushes other
+dirty files of that filesystem), "auto" (the default) uses fdatasync
 for a batch of one file and syncfs for more. bench/ measures the three; see
 bench/README.md for why "auto".
 
@@ -136,7 +138,8 @@ class EventStore:
         self._sessions: dict[str, _Session] = {}
         self._creating: set[str] = set()
         self._fds: OrderedDict[str, int] = OrderedDict()
-        self._root_fd = -1
+        self._devs: dict[str, int] = {}       # session -> st_dev of its log
+        self._dev_fds: dict[int, int] = {}    # st_dev -> a folder descriptor on it (for syncfs)
         self._batch = _Batch()
         self._committing: _Batch | None = None
         self._wake = trio.Event()
@@ -170,6 +173,11 @@ class EventStore:
 
     def corruption(self, session_id: str) -> CorruptRecord | None:
         return self._session(session_id).corrupt
+
+    def quarantine(self, session_id: str, corrupt: CorruptRecord) -> None:
+        """Damage found in a live session's log (by the background check):
+        refuse its appends from now on, as if it had been found at startup."""
+        self._session(session_id).corrupt = corrupt
 
     def _session(self, session_id: str) -> _Session:
         try:
@@ -239,6 +247,7 @@ class EventStore:
         if sess.durable_seq < sess.last_seq:
             await self.wait_durable(session_id, sess.last_seq)
         self._sessions.pop(session_id, None)
+        self._devs.pop(session_id, None)
         fd = self._fds.pop(session_id, None)
         folder = session_dir(self.root, session_id)
         try:
@@ -326,13 +335,22 @@ class EventStore:
                 await self._wait(self._batch)
 
     async def flush(self) -> None:
-        """Wait until everything appended so far is durable."""
-        if self._committing is not None:
-            await self._wait(self._committing)
-        if self._batch.records:
-            await self._wait(self._batch)
+        """Wait until everything appended so far is durable.
+
+        Batches become durable in order, so waiting for the newest one that
+        holds a record appended before this call is enough. Both are taken
+        now: once the committing batch is done the committer may already have
+        swapped the filling one in, and `self._batch` is then a new, empty one.
+        """
+        last = self._batch if self._batch.records else self._committing
+        if last is not None:
+            await self._wait(last)
 
     # -- the committer ----------------------------------------------------
+
+    async def _run_shielded(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._run()
 
     async def _run(self) -> None:
         try:
@@ -386,11 +404,14 @@ class EventStore:
         fds = self._fds
         dirty: list[int] = []
         per_file = self.sync_mode == "fdatasync" or (self.sync_mode == "auto" and len(batch.lines) == 1)
+        devices: set[int] = set()
         for sid, lines in batch.lines.items():
             fd = fds.get(sid)
             if fd is None:
                 fd = fs.open_append(log_path(self.root, sid))
                 fds[sid] = fd
+                if sid not in self._devs:
+                    self._devs[sid] = self._device_of(sid, fd)
                 if len(fds) > self.max_open:
                     old_sid, old_fd = fds.popitem(last=False)
                     if per_file and old_fd in dirty:
@@ -402,11 +423,23 @@ class EventStore:
                 fds.move_to_end(sid)
             fs.write(fd, lines[0] if len(lines) == 1 else b"".join(lines))
             dirty.append(fd)
+            devices.add(self._devs[sid])
         if per_file:
             for fd in dirty:
                 fs.fdatasync(fd)
         else:
-            fs.syncfs(self._root_fd)
+            # One syncfs per filesystem that holds a dirty log: a session folder
+            # may sit on another device than the data root (a symlink, a mount).
+            for dev in devices:
+                fs.syncfs(self._dev_fds[dev])
+
+    def _device_of(self, sid: str, fd: int) -> int:
+        """The device of a log (in the committer's thread), with a folder
+        descriptor on that device kept for syncfs."""
+        dev = self.fs.device(fd)
+        if dev not in self._dev_fds:
+            self._dev_fds[dev] = self.fs.open_dir(session_dir(self.root, sid))
+        return dev
 
     # -- lifecycle --------------------------------------------------------
 
@@ -415,18 +448,15 @@ class EventStore:
         fs.makedirs(os.path.join(self.root, SESSIONS_DIR))
         fs.fsync_dir(os.path.join(self.root, SESSIONS_DIR))
         fs.fsync_dir(self.root)
-        self._root_fd = fs.open_dir(self.root)
 
     def _close_sync(self) -> None:
-        for fd in self._fds.values():
+        for fd in [*self._fds.values(), *self._dev_fds.values()]:
             try:
                 self.fs.close(fd)
             except OSError:
                 pass
         self._fds.clear()
-        if self._root_fd >= 0:
-            self.fs.close(self._root_fd)
-            self._root_fd = -1
+        self._dev_fds.clear()
 
     def statistics(self) -> CommitStatistics:
         b, r, largest, files = self._stats
@@ -441,17 +471,28 @@ class EventStore:
 async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "auto",
                            max_open: int = MAX_OPEN_LOGS) -> AsyncIterator[EventStore]:
     """Open the store's write side; the committer runs until the block exits,
-    and everything appended inside the block is committed before it does."""
+    and everything appended inside the block is committed before it does.
+
+    The committer is shielded from cancellation: a cancel of the caller's scope
+    (a stop signal, a timeout around the block) must not stop the one task that
+    makes the shielded finalizes of the shutdown durable. It ends when the
+    block is left, after the last batch. Closing descriptors and the root lock
+    is shielded too, so a cancelled exit never leaks them.
+    """
     store = EventStore(root, fs=fs, sync_mode=sync_mode, max_open=max_open)
     lock_fd = lock_root(root)
     try:
-        await trio.to_thread.run_sync(store._prepare_sync)
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(store._prepare_sync)
+        await trio.lowlevel.checkpoint_if_cancelled()
     except BaseException:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(store._close_sync)
         os.close(lock_fd)
         raise
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store._run)
+            nursery.start_soon(store._run_shielded)
             try:
                 yield store
             finally:
@@ -461,7 +502,6 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
                     await store._stopped.wait()
                     store._closed = True
     finally:
-        await trio.to_thread.run_sync(store._close_sync)
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(store._close_sync)
         os.close(lock_fd)
-
-

@@ -53,6 +53,10 @@ class FileOps:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def device(self, fd: int) -> int:
+        """The st_dev of an open file: which filesystem a sync must cover."""
+        return os.fstat(fd).st_dev
+
     def read_bytes(self, path: str, offset: int = 0) -> bytes:
         with open(path, "rb") as f:
             if offset:

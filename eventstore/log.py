@@ -39,6 +39,7 @@ from .record import Record, RecordError, decode_record, decode_record_for_meta
 
 LOG_NAME: Final = "log.jsonl"
 SESSIONS_DIR: Final = "sessions"
+PROJECTS_DIR: Final = "projects"
 
 
 def session_dir(root: str, session_id: str) -> str:
@@ -48,6 +49,11 @@ def session_dir(root: str, session_id: str) -> str:
 
 def log_path(root: str, session_id: str) -> str:
     return os.path.join(session_dir(root, session_id), LOG_NAME)
+
+
+def project_log_path(root: str) -> str:
+    """The project registry's own log."""
+    return os.path.join(root, PROJECTS_DIR, LOG_NAME)
 
 
 class Scan(NamedTuple):
@@ -148,6 +154,16 @@ def read_log(fs: FileOps, root: str, session_id: str, *, offset: int = 0) -> byt
 
 def list_session_ids(fs: FileOps, root: str) -> list[str]:
     """Ids of the session folders under root that hold a log (others are ignored)."""
+    return session_folders(fs, root)[0]
+
+
+def session_folders(fs: FileOps, root: str) -> tuple[list[str], list[str]]:
+    """(ids of the session folders holding a log, ids of those without one).
+    A folder without a log is an orphan: what a deletion or an interrupted
+    creation left, or a copy kept by `repair`."""
     base = os.path.join(root, SESSIONS_DIR)
-    return sorted(name for name in fs.listdir(base)
-                  if is_valid_session_id(name) and fs.exists(os.path.join(base, name, LOG_NAME)))
+    with_log, without = [], []
+    for name in sorted(fs.listdir(base)):
+        if is_valid_session_id(name):
+            (with_log if fs.exists(os.path.join(base, name, LOG_NAME)) else without).append(name)
+    return with_log, without

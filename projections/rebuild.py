@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from eventstore.errors import UnknownSession
+from eventstore.errors import EventStoreError, UnknownSession
+from eventstore.events import SessionCreated
 from eventstore.fsio import FileOps
 from eventstore.ids import validate_session_id
-from eventstore.log import list_session_ids, log_path, read_log, scan
+from eventstore.log import LOG_NAME, log_path, project_log_path, read_log, scan, session_folders
 from eventstore.record import Record
 
 from .checkpoint import (IndexCheckpoint, SessionEntry, SessionSnapshot, encode_index, encode_snapshot,
-                         read_index, read_snapshot, snapshot_path, write_index, write_snapshot)
+                         index_path, read_index, read_snapshot, snapshot_path, write_index, write_snapshot)
 from .recovery import fold_until, load_session_state, recover_registry
 from .session import SessionState
 
@@ -36,6 +37,7 @@ class RebuildReport:
     torn_repaired: list[str] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
     unfinished_deletions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -47,10 +49,14 @@ def rebuild(fs: FileOps, root: str, progress: Progress | None = None) -> Rebuild
                         torn_repaired=[str(t) for t in rep.torn],
                         quarantined=[str(c) for c in rep.quarantined],
                         unfinished_deletions=rep.unfinished_deletions)
+    out.notes = ([f"interrupted creation removed: {sid}" for sid in rep.unfinished_creations]
+                 + [f"orphan folder: {o}" for o in rep.orphans]
+                 + [f"removed left-over file: {t}" for t in rep.temp_files])
     entries = {}
     for sid, rec in found.items():
         assert rec.meta is not None
-        entries[sid] = SessionEntry(seq=rec.seq, end=rec.end, meta=rec.meta)
+        if rec.corrupt is None:  # a quarantined session is never checkpointed: startup replays it
+            entries[sid] = SessionEntry(seq=rec.seq, end=rec.end, meta=rec.meta)
         state, _ = load_session_state(fs, root, sid, use_snapshot=False)
         write_snapshot(fs, root, sid, encode_snapshot(state))
         out.snapshots += 1
@@ -78,13 +84,21 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
     if how.startswith("corrupt"):
         problems.append(Problem("index.json", None, how))
     entries = ckpt.sessions if ckpt is not None else {}
-    ids = list_session_ids(fs, root)
+    ids, orphans = session_folders(fs, root)
+    for sid in orphans:
+        problems.append(Problem(sid, None, f"orphan folder: no {LOG_NAME} in sessions/{sid}/"))
+    if fs.exists(index_path(root) + ".tmp"):
+        problems.append(Problem("index.json.tmp", None, "a left-over temp file (the next start removes it)"))
+    problems += verify_projects(fs, root)
     enc = msgspec.json.Encoder()
     for i, sid in enumerate(ids):
         data = read_log(fs, root, sid)
         s = scan(sid, data, expect_seq=1)
         if s.corrupt is not None:
             problems.append(Problem(sid, s.corrupt.line_no, f"corrupt record: {s.corrupt.reason}"))
+        elif not s.records or type(s.records[0].event) is not SessionCreated:
+            what = "the log is empty" if not s.records else "the log does not start with session_created"
+            problems.append(Problem(sid, 1, f"{what}: the session is quarantined"))
         if s.torn_bytes:
             line = len(s.records) + 1
             problems.append(Problem(sid, line, f"torn tail of {s.torn_bytes} bytes after the last good record"))
@@ -97,11 +111,13 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
                 st = fold_until(s.records, data, entry.seq)
                 if st.meta is None or enc.encode(st.meta) != enc.encode(entry.meta) or st.end != entry.end:
                     problems.append(Problem(sid, None, f"index.json row disagrees with a replay to seq {entry.seq}"))
+        if fs.exists(snapshot_path(root, sid) + ".tmp"):
+            problems.append(Problem(sid, None, "snapshot.json.tmp: a left-over temp file (the next start removes it)"))
         snap = read_snapshot(fs, root, sid)
         if snap is None and fs.exists(snapshot_path(root, sid)):
             problems.append(Problem(sid, None, "snapshot.json is unreadable"))
         elif snap is not None:
-            if snap.seq > last:
+            if snap.seq > last or snap.end > s.good_end:
                 problems.append(Problem(sid, None, f"snapshot.json is ahead of the log (seq {snap.seq} > {last})"))
             else:
                 st = fold_until(s.records, data, snap.seq)
@@ -132,34 +148,86 @@ def inspect(fs: FileOps, root: str, session_id: str, after: int = 0) -> Iterator
         raise s.corrupt
 
 
-def repair(fs: FileOps, root: str, session_id: str) -> str:
+class RepairRefused(EventStoreError):
+    """`repair` would keep no record of a log: it refuses unless told to (--allow-empty)."""
+
+
+def repair(fs: FileOps, root: str, session_id: str, *, allow_empty: bool = False) -> str:
     """Cut a quarantined log back to its last good record before the damage,
-    keeping the removed bytes beside it, and drop the caches that may reflect
-    them. Returns what was done."""
+    keeping the removed bytes beside it (`log.jsonl.corrupt-N`), and drop the
+    caches that may reflect them. Refuses to keep no record unless
+    `allow_empty`; the emptied session then stays listed as damaged (never
+    removed by a start). Returns what was done."""
     validate_session_id(session_id)
     path = log_path(root, session_id)
     if not fs.exists(path):
         raise UnknownSession(session_id)
-    data = read_log(fs, root, session_id)
-    s = scan(session_id, data, expect_seq=1)
+    caches = [snapshot_path(root, session_id), index_path(root)]
+    return _cut_log(fs, path, session_id, caches, allow_empty)
+
+
+def repair_projects(fs: FileOps, root: str, *, allow_empty: bool = False) -> str:
+    """`repair` for the project registry's log (`projects/log.jsonl`)."""
+    path = project_log_path(root)
+    if not fs.exists(path):
+        return "projects: no project log (nothing to repair)"
+    return _cut_log(fs, path, "projects", [], allow_empty)
+
+
+def _cut_log(fs: FileOps, path: str, label: str, caches: list[str], allow_empty: bool) -> str:
+    """The repair, in an order that a power cut at any point leaves either the
+    untouched log or the cut one, with the removed bytes saved under a durable
+    name and no cache that reflects them:
+      1. the removed bytes go to a new `.corrupt-N` file, fsynced, and its
+         name is made durable (fsync of the folder);
+      2. the caches that may reflect the log past the cut are removed, durably;
+      3. only then is the log truncated and fsynced."""
+    data = fs.read_bytes(path)
+    s = scan(label, data, expect_seq=1)
     if s.corrupt is None and not s.torn_bytes:
-        return f"{session_id}: nothing to repair ({len(s.records)} good records)"
+        return f"{label}: nothing to repair ({len(s.records)} good records)"
+    where = f"at line {s.corrupt.line_no} ({s.corrupt.reason})" if s.corrupt else "(torn tail)"
+    if not s.records and not allow_empty:
+        raise RepairRefused(
+            f"{label}: the damage is {where} and a cut would keep no record; nothing was changed. "
+            f"Pass --allow-empty to empty the log anyway (its bytes are kept beside it and the "
+            f"session stays listed as damaged)")
+    folder = os.path.dirname(path)
     n = 1
     while fs.exists(f"{path}.corrupt-{n}"):
         n += 1
     copy = f"{path}.corrupt-{n}"
     fs.write_file(copy, data[s.good_end:])
+    fs.fsync_dir(folder)
+    removed_dirs = set()
+    for cache in caches:
+        if fs.exists(cache):
+            fs.unlink(cache)
+            removed_dirs.add(os.path.dirname(cache))
+    for d in sorted(removed_dirs):
+        fs.fsync_dir(d)
     fs.truncate(path, s.good_end)
     fd = fs.open_append(path)
     try:
         fs.fsync(fd)
     finally:
         fs.close(fd)
-    for cache in (snapshot_path(root, session_id), os.path.join(root, "index.json")):
-        if fs.exists(cache):
-            fs.unlink(cache)
-    fs.fsync_dir(os.path.dirname(path))
-    fs.fsync_dir(root)
-    where = f"at line {s.corrupt.line_no} ({s.corrupt.reason})" if s.corrupt else "(torn tail)"
-    return (f"{session_id}: cut {len(data) - s.good_end} bytes {where}; kept {len(s.records)} good records; "
+    return (f"{label}: cut {len(data) - s.good_end} bytes {where}; kept {len(s.records)} good records; "
             f"removed bytes saved to {copy}")
+
+
+def verify_projects(fs: FileOps, root: str) -> list[Problem]:
+    """The project log's damage, as verify reports it."""
+    path = project_log_path(root)
+    if not fs.exists(path):
+        return []
+    data = fs.read_bytes(path)
+    s = scan("projects", data, expect_seq=1)
+    out = []
+    if s.corrupt is not None:
+        out.append(Problem("projects", s.corrupt.line_no, f"corrupt record in projects/log.jsonl: {s.corrupt.reason} "
+                                                          "(`sessionlog repair projects`)"))
+    if s.torn_bytes:
+        out.append(Problem("projects", len(s.records) + 1,
+                           f"torn tail of {s.torn_bytes} bytes in projects/log.jsonl"))
+    return out

@@ -18,10 +18,22 @@ For each session folder with a log:
   - otherwise (no entry, log shorter than E, a tail that does not start with
     record S+1, damage in the tail), replay the whole log.
 A torn tail is repaired (copy kept, truncated, fsynced) and reported; damage
-before the tail quarantines the session (its row is the good prefix's). A log
-whose fold ends in no meta (a tombstone, or no `session_created`) is a
-deletion that did not finish: its folder is removed. Session snapshots follow
-the same rule one level down (`load_session_state`).
+before the tail quarantines the session (its row is the good prefix's).
+
+A log whose fold ends in no meta is one of three things, and only the first
+two are ever removed:
+  - its last record is a tombstone (`session_deleted`): a deletion that did
+    not finish; its folder is removed;
+  - it is empty (no byte, or only a torn tail) and nothing else is in the
+    folder but caches and torn copies: a creation that did not finish (a
+    session is acknowledged only once its first records are fsynced), removed;
+  - anything else (damage in line 1, records without `session_created`, a log
+    emptied by `repair --allow-empty`): the session is quarantined and listed
+    with what is known (`damaged_meta`), read-only, never removed.
+Left-over temp files (`*.tmp` of an interrupted checkpoint write) are removed,
+and session folders without a log that hold only caches are removed too;
+any other orphan folder is reported and kept. Session snapshots follow the
+same rules one level down (`load_session_state`).
 """
 from __future__ import annotations
 
@@ -30,11 +42,13 @@ import time
 from dataclasses import dataclass, field
 
 from eventstore.errors import CorruptRecord, TornTail
+from eventstore.events import SessionDeleted
 from eventstore.fsio import FileOps
 from eventstore.record import Record
-from eventstore.log import list_session_ids, log_path, read_log, repair_torn_tail, scan, session_dir
+from eventstore.log import LOG_NAME, log_path, read_log, repair_torn_tail, scan, session_dir, session_folders
 
-from .checkpoint import IndexCheckpoint, read_index, read_snapshot
+from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, IndexCheckpoint, index_path, read_index, read_snapshot,
+                         snapshot_path)
 from .registry import Mark, Registry
 from .session import SessionMeta, SessionState, apply_meta
 
@@ -50,6 +64,10 @@ class RecoveryReport:
     torn: list[TornTail] = field(default_factory=list)
     quarantined: list[CorruptRecord] = field(default_factory=list)
     unfinished_deletions: list[str] = field(default_factory=list)
+    unfinished_creations: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)       # folders without a log, kept: what is in them
+    tail_replayed: list[str] = field(default_factory=list)  # sessions read only past their checkpoint
+    temp_files: list[str] = field(default_factory=list)    # left-over temp files removed
     seconds: float = 0.0
 
 
@@ -60,6 +78,8 @@ class SessionRecovery:
     end: int
     meta_seq: int
     corrupt: CorruptRecord | None
+    deleted: bool = False     # the last record is a tombstone
+    first_ts: float = 0.0     # ts of the first good record (0: none)
 
 
 def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
@@ -83,6 +103,7 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     report.bytes += len(data)
     if offset:
         report.tail_replays += 1
+        report.tail_replayed.append(sid)
     else:
         report.full_replays += 1
     if s.torn_bytes:
@@ -94,7 +115,31 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     if s.corrupt is not None:
         report.quarantined.append(s.corrupt)
     seq = s.records[-1].seq if s.records else entry_seq if offset else 0
-    return SessionRecovery(meta, seq, s.good_end, meta_seq, s.corrupt)
+    deleted = bool(s.records) and type(s.records[-1].event) is SessionDeleted
+    first_ts = s.records[0].ts if s.records and not offset else 0.0
+    return SessionRecovery(meta, seq, s.good_end, meta_seq, s.corrupt, deleted, first_ts)
+
+
+def check_prefix(fs: FileOps, root: str, sid: str, end: int) -> CorruptRecord | None:
+    """Damage in a log's first `end` bytes (checksums, envelopes, seq order),
+    or None. For the part of a log that startup did not read (before its
+    checkpoint offset). Sync; run it in a thread."""
+    data = read_log(fs, root, sid)[:end]
+    s = scan(sid, data, expect_seq=1, meta_only=True)
+    if s.corrupt is not None:
+        return s.corrupt
+    if s.good_end < end:
+        return CorruptRecord(sid, len(s.records) + 1, "a damaged record before the checkpointed end of the log")
+    return None
+
+
+def damaged_meta(sid: str, rec: SessionRecovery) -> tuple[SessionMeta, CorruptRecord]:
+    """What is known of a session whose meta cannot be read: its id, and the
+    time of its first good record; with why it is quarantined."""
+    corrupt = rec.corrupt or CorruptRecord(
+        sid, 1, "the log has no session_created record" if rec.seq else "the log is empty")
+    at = rec.first_ts
+    return SessionMeta(id=sid, title=f"Damaged session {sid}", created_at=at, updated_at=at), corrupt
 
 
 def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, repair: bool = True,
@@ -111,28 +156,80 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
     entries = ckpt.sessions if ckpt is not None else {}
     registry = Registry()
     found: dict[str, SessionRecovery] = {}
-    ids = list_session_ids(fs, root)
+    ids, orphans = session_folders(fs, root)
+    if repair:
+        _remove_temp(fs, index_path(root) + ".tmp", report)
     for i, sid in enumerate(ids):
         entry = entries.get(sid)
         if entry is not None and entry.meta is not None and fs.size(log_path(root, sid)) >= entry.end > 0:
             rec = replay_meta(fs, root, sid, report, entry.seq, entry.end, entry.meta, repair=repair)
         else:
             rec = replay_meta(fs, root, sid, report, repair=repair)
+        if repair:
+            _remove_temp(fs, snapshot_path(root, sid) + ".tmp", report)
         if rec.meta is None:
-            if rec.corrupt is None:
+            if rec.deleted:
                 report.unfinished_deletions.append(sid)
                 if repair:
-                    folder = session_dir(root, sid)
-                    fs.rmtree(folder)
-                    fs.fsync_dir(os.path.dirname(folder))
-            continue
+                    _remove_folder(fs, session_dir(root, sid))
+                continue
+            if rec.corrupt is None and rec.seq == 0 and _only_caches(fs, session_dir(root, sid), torn_ok=True):
+                report.unfinished_creations.append(sid)
+                if repair:
+                    _remove_folder(fs, session_dir(root, sid))
+                continue
+            meta, corrupt = damaged_meta(sid, rec)
+            if rec.corrupt is None:
+                report.quarantined.append(corrupt)
+            rec = SessionRecovery(meta, rec.seq, rec.end, 0, corrupt, False, rec.first_ts)
         found[sid] = rec
         registry.put(rec.meta, sid, Mark(seq=rec.seq, end=rec.end, meta_seq=rec.meta_seq))
         if callable(progress):
             progress(i + 1, len(ids))
+    for sid in orphans:
+        folder = session_dir(root, sid)
+        if _only_caches(fs, folder, torn_ok=False):
+            if repair:
+                _remove_folder(fs, folder)
+                report.temp_files.append(folder)
+        else:
+            report.orphans.append(f"{sid}: a session folder without {LOG_NAME} (kept: "
+                                  f"{', '.join(sorted(_listdir(fs, folder))) or 'not a folder'})")
     report.sessions = len(registry)
     report.seconds = time.perf_counter() - t0
     return registry, found, report
+
+
+_CACHE_NAMES = frozenset({SNAPSHOT_NAME, SNAPSHOT_NAME + ".tmp", INDEX_NAME + ".tmp"})
+
+
+def _listdir(fs: FileOps, folder: str) -> list[str]:
+    try:
+        return fs.listdir(folder)
+    except NotADirectoryError:
+        return []
+
+
+def _only_caches(fs: FileOps, folder: str, *, torn_ok: bool) -> bool:
+    """Does the folder hold nothing but a log, caches (and with `torn_ok`, torn
+    copies)? A `.corrupt-N` copy kept by `repair` is never removed."""
+    try:
+        names = fs.listdir(folder)
+    except NotADirectoryError:
+        return False
+    return all(n == LOG_NAME or n in _CACHE_NAMES or (torn_ok and n.startswith(LOG_NAME + ".torn-"))
+               for n in names)
+
+
+def _remove_folder(fs: FileOps, folder: str) -> None:
+    fs.rmtree(folder)
+    fs.fsync_dir(os.path.dirname(folder))
+
+
+def _remove_temp(fs: FileOps, path: str, report: RecoveryReport) -> None:
+    if fs.exists(path):
+        fs.unlink(path)
+        report.temp_files.append(path)
 
 
 def load_session_state(fs: FileOps, root: str, sid: str, *, use_snapshot: bool = True
@@ -143,9 +240,14 @@ def load_session_state(fs: FileOps, root: str, sid: str, *, use_snapshot: bool =
     Reads only the good prefix of a quarantined log."""
     snap = read_snapshot(fs, root, sid) if use_snapshot else None
     if snap is not None and snap.end > 0:
-        data = read_log(fs, root, sid, offset=snap.end)
+        # The snapshot fits the log only if a line ends just before snap.end
+        # (a log cut shorter than the snapshot, by a repair or a lost write,
+        # means a full replay) and the tail continues with snap.seq + 1.
+        data = read_log(fs, root, sid, offset=snap.end - 1)
+        fits = data[:1] == b"\n"
+        data = data[1:]
         s = scan(sid, data, base_offset=snap.end, expect_seq=snap.seq + 1)
-        if s.corrupt is None and not (s.torn_bytes and not s.records):
+        if fits and s.corrupt is None and not (s.torn_bytes and not s.records):
             state = snap.to_state()
             for rec, end in _with_ends(s.records, data, snap.end):
                 state.apply(rec, end)

@@ -12,6 +12,12 @@ from eventstore.fsio import OS_FILES, lock_root
 
 ENV_ROOT: Final = "SESSIONLOG_ROOT"
 
+# Exit codes of every command (serve adds its own, see server/ws.py; the README lists them all).
+EXIT_OK: Final = 0
+EXIT_PROBLEMS: Final = 1   # verify found problems; rebuild left sessions quarantined
+EXIT_USAGE: Final = 2      # a bad command line (argparse)
+EXIT_CANNOT: Final = 3     # could not run: no store at --root, the root is locked, a disk error
+
 
 def default_root() -> str:
     """`$SESSIONLOG_ROOT`, else `$XDG_DATA_HOME/sessionlog`, else `~/.local/share/sessionlog`."""
@@ -31,54 +37,103 @@ def _progress(label: str):  # type: ignore[no-untyped-def]
     return report
 
 
+def _existing_store(root: str) -> str:
+    """The absolute path of an existing data root; a typo never creates an empty store."""
+    path = os.path.abspath(root)
+    if not os.path.isdir(path):
+        raise CannotRun(f"no store at {root} (no such directory)")
+    if not any(os.path.exists(os.path.join(path, name)) for name in ("sessions", "index.json", "projects")):
+        raise CannotRun(f"no store at {root} (no sessions/, index.json or projects/ in it)")
+    return path
+
+
+class CannotRun(Exception):
+    """The command cannot run here (exit code EXIT_CANNOT)."""
+
+
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from projections.rebuild import rebuild
-    fd = lock_root(args.root)
+    root = _existing_store(args.root)
+    fd = lock_root(root)
     try:
-        r = rebuild(OS_FILES, os.path.abspath(args.root), progress=_progress("rebuild"))
+        r = rebuild(OS_FILES, root, progress=_progress("rebuild"))
     finally:
         os.close(fd)
     print(f"rebuilt {args.root}: {r.sessions} sessions, {r.records} records, {r.snapshots} snapshots, "
           f"{len(r.torn_repaired)} torn tails repaired, {len(r.quarantined)} sessions quarantined, "
           f"{len(r.unfinished_deletions)} unfinished deletions completed, in {r.seconds:.2f} s")
-    for line in r.torn_repaired + [f"quarantined: {q}" for q in r.quarantined]:
+    for line in r.torn_repaired + [f"quarantined: {q}" for q in r.quarantined] + r.notes:
         print(f"  {line}")
-    return 1 if r.quarantined else 0
+    return EXIT_PROBLEMS if r.quarantined else EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from projections.rebuild import verify
-    if not os.path.isdir(args.root):
-        raise SystemExit(f"sessionlog: error: no store at {args.root}")
-    n, problems = verify(OS_FILES, os.path.abspath(args.root), progress=_progress("verify"))
+    n, problems = verify(OS_FILES, _existing_store(args.root), progress=_progress("verify"))
     for p in problems:
         print(p)
     print(f"verified {n} sessions: {len(problems)} problem(s)")
-    return 1 if problems else 0
+    return EXIT_PROBLEMS if problems else EXIT_OK
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from projections.rebuild import inspect
     out = sys.stdout.buffer
-    for line in inspect(OS_FILES, os.path.abspath(args.root), args.session_id, args.after):
+    for line in inspect(OS_FILES, _existing_store(args.root), args.session_id, args.after):
         out.write(line + b"\n")
     out.flush()
-    return 0
+    return EXIT_OK
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from projections.rebuild import repair
-    fd = lock_root(args.root)
+    from projections.rebuild import repair, repair_projects
+    root = _existing_store(args.root)
+    fd = lock_root(root)
     try:
-        print(repair(OS_FILES, os.path.abspath(args.root), args.session_id))
+        if args.target == PROJECTS_TARGET:
+            print(repair_projects(OS_FILES, root, allow_empty=args.allow_empty))
+        else:
+            print(repair(OS_FILES, root, args.target, allow_empty=args.allow_empty))
     finally:
         os.close(fd)
-    return 0
+    return EXIT_OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .ws import run_server
     return run_server(args)
+
+
+PROJECTS_TARGET: Final = "projects"
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a port (0-65535; 0 picks a free one)")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < x < 86400:
+        raise argparse.ArgumentTypeError(f"{text} is not a duration in seconds (0 < s < 86400)")
+    return x
+
+
+_LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    if text.upper() not in _LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(_LOG_LEVELS)}")
+    return text.upper()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,14 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the WebSocket server and the web page")
     s.add_argument("--root", default=default_root(), help=root_help)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback)")
-    s.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    s.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
     s.add_argument("--token", default=os.environ.get("SESSIONLOG_TOKEN"),
                    help="access token (default: $SESSIONLOG_TOKEN, else a new random one per start)")
     s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="an extra allowed Origin (repeatable); the server's own origin is always allowed")
     s.add_argument("--agent-speed", type=float, default=30.0,
                    help="demo agent tokens per second (default 30)")
-    s.add_argument("--log-level", default="INFO")
+    s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",
+                   help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway "
+                        "with code 4 (default 10)")
+    s.add_argument("--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}")
     s.set_defaults(func=cmd_serve)
 
     r = sub.add_parser("rebuild", help="rebuild index.json and every snapshot from the logs")
@@ -113,9 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--after", type=int, default=0, metavar="SEQ", help="only records with seq > SEQ")
     i.set_defaults(func=cmd_inspect)
 
-    f = sub.add_parser("repair", help="cut a quarantined session's log back to its last good record")
+    f = sub.add_parser("repair", help="cut a quarantined session's log (or the project log: `repair projects`) "
+                                      "back to its last good record")
     f.add_argument("--root", default=default_root(), help=root_help)
-    f.add_argument("session_id")
+    f.add_argument("target", metavar="SESSION_ID|projects")
+    f.add_argument("--allow-empty", action="store_true",
+                   help="allow a repair that keeps no record (damage in line 1); the log is emptied, "
+                        "its bytes kept beside it, and the session stays listed as damaged")
     f.set_defaults(func=cmd_repair)
     return p
 
@@ -125,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"), format="%(asctime)s %(levelname)s %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (EventStoreError, OSError, ValueError) as e:
+    except (CannotRun, EventStoreError, OSError, ValueError) as e:
         print(f"sessionlog: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT
     except KeyboardInterrupt:
         return 130
 

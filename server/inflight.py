@@ -11,11 +11,16 @@ message, and a message is at most one interval (plus one batch) behind.
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from eventstore.events import MessageProgress
+from eventstore.errors import RecordTooLarge, SessionReadOnly, StoreBroken, StoreClosed, UnknownSession
+from eventstore.events import EVENT_ENCODER, MessageProgress
+from eventstore.record import MAX_RECORD_BYTES
+
+log = logging.getLogger("sessionlog")
 
 if TYPE_CHECKING:
     from eventstore.commit import EventStore
@@ -24,13 +29,20 @@ if TYPE_CHECKING:
 PROGRESS_INTERVAL: Final = 0.250
 # spec/inflight-state.md: a running message silent this long is stalled.
 STALL_TIMEOUT: Final = 300.0
+# A producer may write any amount within one interval: its pending text goes
+# into as many records as needed, each with at most this many characters (a
+# character is at most 6 bytes of JSON, so a chunk stays well under the record
+# limit, with room for the envelope).
+MAX_DELTA_CHARS: Final = (MAX_RECORD_BYTES - 64 * 1024) // 6 // 2
+# A context tree must fit in a record of its own, beside the envelope.
+MAX_TREE_BYTES: Final = MAX_RECORD_BYTES - 64 * 1024
 
 
 class InflightMessage:
     """The live handle of one running message."""
 
     __slots__ = ("session_id", "msg_id", "kind", "role", "parent_id", "length", "_pending",
-                 "_pending_offset", "_tree", "_tree_dirty", "tokens", "_tokens_dirty",
+                 "_pending_offset", "_tree", "_tree_bytes", "_tree_dirty", "tokens", "_tokens_dirty",
                  "last_activity", "scope", "abort_reason", "finished", "_saver")
 
     def __init__(self, saver: ThrottledSaver, session_id: str, msg_id: str, kind: str, role: str,
@@ -45,6 +57,7 @@ class InflightMessage:
         self._pending: list[str] = []   # written, not yet in a record
         self._pending_offset = 0        # where _pending starts
         self._tree: Any = None
+        self._tree_bytes = 0
         self._tree_dirty = False
         self.tokens = {"input": 0, "output": 0}
         self._tokens_dirty = False
@@ -67,7 +80,12 @@ class InflightMessage:
         fresh object each time, not one you keep mutating: it is logged as is."""
         if self.finished:
             return
+        size = len(EVENT_ENCODER.encode(tree))
+        if size > MAX_TREE_BYTES:
+            raise RecordTooLarge(f"a context tree of {size} bytes is over the {MAX_TREE_BYTES}-byte limit "
+                                 "(it is logged whole in one record); keep trees smaller")
         self._tree = tree
+        self._tree_bytes = size
         self._tree_dirty = True
         self.last_activity = trio.current_time()
         self._saver.dirty[self] = None
@@ -82,18 +100,30 @@ class InflightMessage:
         self.last_activity = trio.current_time()
         self._saver.dirty[self] = None
 
-    def take_progress(self) -> MessageProgress | None:
-        """The pending changes as one record (and forget them), or None."""
+    def take_progress(self) -> list[MessageProgress]:
+        """The pending changes as records (and forget them): one, or several
+        when more text was written in one interval than a record holds."""
         if not (self._pending or self._tree_dirty or self._tokens_dirty):
-            return None
+            return []
         delta = self._pending[0] if len(self._pending) == 1 else "".join(self._pending)
-        ev = MessageProgress(msg_id=self.msg_id, content_delta=delta, offset=self._pending_offset,
-                             context_tree=self._tree if self._tree_dirty else None,
-                             partial_tokens_used=dict(self.tokens) if self._tokens_dirty else None)
+        offset = self._pending_offset
+        out = []
+        while len(delta) > MAX_DELTA_CHARS:
+            out.append(MessageProgress(msg_id=self.msg_id, content_delta=delta[:MAX_DELTA_CHARS], offset=offset))
+            delta = delta[MAX_DELTA_CHARS:]
+            offset += MAX_DELTA_CHARS
+        if self._tree_dirty and delta and self._tree_bytes + 6 * len(delta) > MAX_TREE_BYTES:
+            # A large tree goes in a record of its own.
+            out.append(MessageProgress(msg_id=self.msg_id, content_delta=delta, offset=offset))
+            offset += len(delta)
+            delta = ""
+        out.append(MessageProgress(msg_id=self.msg_id, content_delta=delta, offset=offset,
+                                   context_tree=self._tree if self._tree_dirty else None,
+                                   partial_tokens_used=dict(self.tokens) if self._tokens_dirty else None))
         self._pending = []
         self._pending_offset = self.length
         self._tree_dirty = self._tokens_dirty = False
-        return ev
+        return out
 
 
 class ThrottledSaver:
@@ -108,21 +138,53 @@ class ThrottledSaver:
         self.active: dict[tuple[str, str], InflightMessage] = {}
         self.ticks = 0
         self.late_ticks = 0
+        self.failed: BaseException | None = None
 
     def flush(self, msg: InflightMessage) -> None:
         """Queue the message's pending changes now (before a finalize)."""
         self.dirty.pop(msg, None)
-        ev = msg.take_progress()
-        if ev is not None:
-            self.es.append_nowait(msg.session_id, ev)
+        self._queue(msg)
 
     def flush_all(self) -> None:
         dirty, self.dirty = self.dirty, {}
-        append = self.es.append_nowait
         for msg in dirty:
-            ev = msg.take_progress()
-            if ev is not None:
-                append(msg.session_id, ev)
+            self._queue(msg)
+
+    def _queue(self, msg: InflightMessage) -> None:
+        """Append the message's progress records; a store error ends the
+        message's producer (never the saver, never the process)."""
+        events = msg.take_progress()
+        if not events:
+            return
+        try:
+            for ev in events:
+                self.es.append_nowait(msg.session_id, ev)
+        except UnknownSession:
+            self._end(msg, "session deleted")
+        except SessionReadOnly:
+            self._end(msg, "session quarantined")
+        except (StoreBroken, StoreClosed) as e:
+            self.store_failed(e)
+
+    def _end(self, msg: InflightMessage, reason: str) -> None:
+        msg.abort_reason = msg.abort_reason or reason
+        msg.scope.cancel()
+
+    def quarantined(self, session_id: str) -> None:
+        """The session's log was found damaged: end its producers."""
+        for (sid, _), msg in list(self.active.items()):
+            if sid == session_id:
+                self._end(msg, "session quarantined")
+
+    def store_failed(self, error: BaseException) -> None:
+        """The store accepts no more writes: end every producer (their finalizes
+        cannot be written; the next start's abort sweep marks them aborted)."""
+        if self.failed is None:
+            self.failed = error
+            log.error("the store failed (%s): ending %d running message(s); reads keep working, "
+                      "writes are refused until a restart", error, len(self.active))
+        for msg in list(self.active.values()):
+            self._end(msg, "store failure")
 
     def check_stalled(self) -> None:
         now = trio.current_time()

@@ -11,16 +11,15 @@ from typing import Final
 import msgspec
 import trio
 
-from eventstore.errors import StoreBroken, TornTail
+from eventstore.errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
 from eventstore.events import ProjectCreated, ProjectMoved
 from eventstore.fsio import FileOps
-from eventstore.log import append_durable, repair_torn_tail, scan
+from eventstore.log import PROJECTS_DIR, append_durable, project_log_path, repair_torn_tail, scan
 from eventstore.record import encode_record
 
 from .errors import BadRequest, NotFound
 
 DEFAULT_PROJECT_ID: Final = "default"
-PROJECTS_DIR: Final = "projects"
 
 
 class Project(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,13 +41,16 @@ class ProjectView(msgspec.Struct, frozen=True, kw_only=True):
 class ProjectRegistry:
     def __init__(self, fs: FileOps, root: str, home: str) -> None:
         self.fs = fs
-        self.path = os.path.join(root, PROJECTS_DIR, "log.jsonl")
+        self.path = project_log_path(root)
         self.home = home
         self._projects: dict[str, Project] = {}
         self._seq = 0
         self._lock = trio.Lock()
         self._broken: OSError | None = None
         self.torn: TornTail | None = None
+        # Damage before the log's end: the projects up to it are served, the
+        # log is read-only until `sessionlog repair projects`.
+        self.damage: CorruptRecord | None = None
 
     def load_sync(self) -> None:
         folder = os.path.dirname(self.path)
@@ -59,8 +61,7 @@ class ProjectRegistry:
             return
         data = self.fs.read_bytes(self.path)
         s = scan("projects", data, expect_seq=1)
-        if s.corrupt is not None:
-            raise s.corrupt
+        self.damage = s.corrupt
         if s.torn_bytes:
             self.torn = repair_torn_tail(self.fs, self.path, "projects", data, s.good_end)
         for rec in s.records:
@@ -105,6 +106,9 @@ class ProjectRegistry:
 
     async def _append(self, ev: ProjectCreated | ProjectMoved) -> None:
         async with self._lock:
+            if self.damage is not None:
+                raise SessionReadOnly(f"the project log is damaged ({self.damage}); projects are read-only "
+                                      "until `sessionlog repair projects`")
             if self._broken is not None:
                 raise StoreBroken("the project log failed to write or sync; restart to recover") from self._broken
             line = encode_record(self._seq + 1, time.time(), ev)

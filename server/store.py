@@ -23,8 +23,8 @@ from typing import Any, Literal
 import msgspec
 import trio
 
-from eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists, SyncMode,
-                        UnknownSession, new_session_id, open_event_store, validate_session_id)
+from eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists, StoreBroken,
+                        SyncMode, UnknownSession, new_session_id, open_event_store, validate_session_id)
 from eventstore.events import (Event, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
                                SessionRenamed)
@@ -33,7 +33,7 @@ from projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index,
                                     write_index, write_snapshot)
 from projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
 from projections.maintenance import MaintenanceConfig, plan_maintenance
-from projections.recovery import RecoveryReport, fold_until, load_session_state, recover_registry
+from projections.recovery import RecoveryReport, check_prefix, fold_until, load_session_state, recover_registry
 from projections.registry import InvalidFilter, Registry
 from projections.session import MessageSnapshot, SessionMeta, SessionState
 
@@ -46,6 +46,11 @@ from .titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_mess
 log = logging.getLogger("sessionlog")
 
 FROZEN_ERROR = "project is frozen after the first turn"
+# Snapshots written at a graceful stop (of the sessions whose messages had
+# ended since the last debounce); the rest are rebuilt from the logs' tails.
+STOP_SNAPSHOTS = 64
+# A producer's exception is logged in its finalize record, cut to this length.
+MAX_ERROR_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,9 @@ class StoreConfig:
     sync_mode: SyncMode = "auto"
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     state_cache: int = 256                # loaded sessions kept in memory besides running ones
+    # After startup, check in the background the part of each log that the
+    # checkpoint let startup skip (damage there quarantines the session).
+    check_after_start: bool = True
 
 
 class UpdateFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -80,10 +88,13 @@ _FLAG_FIELDS = ("pinned", "unread", "archived", "status")
 Watcher = Callable[[str, dict[str, Any]], None]
 
 
-def row_of(meta: SessionMeta, project: ProjectView | None) -> dict[str, Any]:
-    """The 17-field listing row: the stored fields, preview and project."""
+def row_of(meta: SessionMeta, project: ProjectView | None, damaged: str | None = None) -> dict[str, Any]:
+    """The 17-field listing row: the stored fields, preview and project; a
+    quarantined session's row has an 18th, `damaged` (what is wrong)."""
     row = msgspec.to_builtins(meta)
     del row["open_msgs"]
+    if damaged is not None:
+        row["damaged"] = damaged
     row["project"] = None if project is None else {
         "id": project.id, "name": project.name, "path": project.path, "path_missing": project.path_missing}
     return row
@@ -116,6 +127,8 @@ class SessionStore:
         self._ckpt_lock = trio.Lock()
         self._snap_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
+        self._unchecked: list[str] = []
+        self.checked = trio.Event()    # the background check of the skipped log prefixes is done
         self.shutting_down = False
         es.listeners.append(self._on_record)
 
@@ -180,7 +193,11 @@ class SessionStore:
 
     def get_row(self, session_id: str) -> dict[str, Any]:
         meta = self.get_meta(session_id)
-        return row_of(meta, self._project_view(meta.project_id))
+        return row_of(meta, self._project_view(meta.project_id), self._damage(session_id))
+
+    def _damage(self, session_id: str) -> str | None:
+        corrupt = self.es.corruption(session_id) if session_id in self.es else None
+        return None if corrupt is None else f"line {corrupt.line_no}: {corrupt.reason}"
 
     def _project_view(self, project_id: str | None) -> ProjectView | None:
         pid = project_id or DEFAULT_PROJECT_ID
@@ -201,7 +218,7 @@ class SessionStore:
         done = self._load_done[session_id] = trio.Event()
         buf = self._loading[session_id] = []
         try:
-            await self.es.flush()  # everything appended before now is in the file
+            await self._flush_for_read()
             state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
             for rec, end in buf:
                 if rec.seq > state.seq:
@@ -212,9 +229,19 @@ class SessionStore:
             done.set()
         if session_id not in self.registry:
             raise NotFound("unknown_session", f"session {session_id!r} was deleted")
+        if state.meta is None:  # quarantined without a readable meta: what the registry knows
+            state.meta = self.registry.get(session_id)
         self._states[session_id] = state
         self._evict_states()
         return state
+
+    async def _flush_for_read(self) -> None:
+        """Before a read of a log: everything appended so far is in the file.
+        Reads keep working after a write failure: they read what the log holds."""
+        try:
+            await self.es.flush()
+        except StoreBroken:
+            pass
 
     def _evict_states(self) -> None:
         """Drop least recently used loaded sessions past the cache size; sessions
@@ -363,7 +390,11 @@ class SessionStore:
         await self._append(session_id, SessionDeleted())
         self._states.pop(session_id, None)
         self._snap_dirty.discard(session_id)
-        await self.es.remove(session_id)
+        # A snapshot being written into the folder finishes first; none starts
+        # after (write_snapshot checks, under the same lock, that the session
+        # is still there): the folder is removed whole, nothing is left behind.
+        async with self._snap_lock:
+            await self.es.remove(session_id)
         self._notify("session_deleted", {"session_id": session_id})
         return True
 
@@ -379,7 +410,7 @@ class SessionStore:
         except InvalidFilter as e:
             raise BadRequest("bad_filter", str(e)) from None
         views = {p.id: p for p in self.projects.list()}
-        return [row_of(m, views.get(m.project_id or DEFAULT_PROJECT_ID)) for m in metas], total
+        return [row_of(m, views.get(m.project_id or DEFAULT_PROJECT_ID), self._damage(m.id)) for m in metas], total
 
     # -- projects ---------------------------------------------------------
 
@@ -462,7 +493,7 @@ class SessionStore:
             status, reason = "aborted", msg.abort_reason or "server shutdown"
             raise
         except BaseException as e:
-            status, error = "error", f"{type(e).__name__}: {e}"
+            status, error = "error", f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
             raise
         finally:
             with trio.CancelScope(shield=True):
@@ -475,8 +506,9 @@ class SessionStore:
         self.saver.flush(msg)
         msg.finished = True
         self.saver.active.pop((msg.session_id, msg.msg_id), None)
-        if msg.session_id not in self.registry or self.es.broken is not None:
-            return
+        if (msg.session_id not in self.registry or self.es.broken is not None
+                or msg.session_id not in self.es or self.es.corruption(msg.session_id) is not None):
+            return  # deleted, the store failed, or quarantined: no finalize can be written
         tokens = dict(msg.tokens) if any(msg.tokens.values()) else None
         events: list[Event] = [MessageFinalized(msg_id=msg.msg_id, status=status,  # type: ignore[arg-type]
                                                 error=error, aborted_reason=reason, tokens=tokens)]
@@ -566,7 +598,7 @@ class SessionStore:
 
     async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
         """How long the message's content was as of `seq` (read from the log)."""
-        await self.es.flush()
+        await self._flush_for_read()
         data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
         state = fold_until(scan(session_id, data).records, data, seq)
         m = state.messages.get(msg_id)
@@ -588,8 +620,8 @@ class SessionStore:
             es = self.es
             for sid, meta in self.registry.rows.items():
                 mark = self.registry.marks.get(sid)
-                if mark is None or sid not in es:
-                    continue
+                if mark is None or sid not in es or es.corruption(sid) is not None:
+                    continue  # a quarantined session is never checkpointed: startup replays it
                 if mark.meta_seq <= es.durable_seq(sid):
                     entries[sid] = SessionEntry(seq=es.durable_seq(sid), end=es.durable_end(sid), meta=meta)
             data = encode_index(IndexCheckpoint(written_at=time.time(), sessions=entries))
@@ -608,6 +640,8 @@ class SessionStore:
             return False
         data = encode_snapshot(state)
         async with self._snap_lock:
+            if session_id not in self.es or self._states.get(session_id) is not state:
+                return False  # deleted (or reloaded) while waiting
             await trio.to_thread.run_sync(write_snapshot, self.fs, self.root, session_id, data)
         return True
 
@@ -646,6 +680,7 @@ class SessionStore:
         for sid, rec in found.items():
             self.es.register(sid, rec.seq, rec.end, rec.corrupt)
         self.registry = registry
+        self._unchecked = report.tail_replayed
         await trio.to_thread.run_sync(self.projects.load_sync)
         for t in report.torn:
             log.warning("%s", t)
@@ -653,6 +688,17 @@ class SessionStore:
             log.error("%s: session quarantined (read-only) until `sessionlog repair`", c)
         for sid in report.unfinished_deletions:
             log.info("finished the interrupted deletion of session %s", sid)
+        for sid in report.unfinished_creations:
+            log.info("removed the interrupted creation of session %s (it was never acknowledged)", sid)
+        for orphan in report.orphans:
+            log.warning("orphan folder: %s", orphan)
+        for path in report.temp_files:
+            log.info("removed a left-over file: %s", path)
+        if self.projects.torn is not None:
+            log.warning("%s", self.projects.torn)
+        if self.projects.damage is not None:
+            log.error("%s: the project log is read-only (projects up to the damage are served) until "
+                      "`sessionlog repair projects`", self.projects.damage)
         # The abort sweep: nothing is running whose writer is gone.
         for sid, meta in list(registry.rows.items()):
             if meta.open_msgs and self.es.corruption(sid) is None:
@@ -674,18 +720,65 @@ class SessionStore:
             log.info("aborted %d message(s) left running by a dead writer", len(self.aborted_at_start))
         await self._cache_write(self.write_checkpoint)
 
+    async def check_logs(self) -> int:
+        """The background check: read the part of each log that startup skipped
+        (before its checkpoint offset) and quarantine a session damaged there,
+        as a full replay would have. Returns how many were quarantined."""
+        found = 0
+        todo, self._unchecked = self._unchecked, []
+        for sid in todo:
+            if sid not in self.es or self.es.corruption(sid) is not None:
+                continue
+            end = self.es.durable_end(sid)
+            try:
+                corrupt = await trio.to_thread.run_sync(check_prefix, self.fs, self.root, sid, end)
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+            if corrupt is not None and sid in self.es:
+                self.es.quarantine(sid, corrupt)
+                self.saver.quarantined(sid)
+                found += 1
+                log.error("%s: found by the check after startup; session quarantined (read-only) "
+                          "until `sessionlog repair`", corrupt)
+                self._notify("session_updated", {"id": sid, "damaged": self._damage(sid)})
+        return found
+
+    async def _check_loop(self) -> None:
+        try:
+            if self.config.check_after_start:
+                await self.check_logs()
+        finally:
+            self.checked.set()
+
+    async def abort_running(self, reason: str) -> int:
+        """Finalize every running message of this process `aborted` with
+        `reason` (their pending text first). Returns how many. Their producers
+        see nothing: a later finalize of theirs is a no-op."""
+        n = 0
+        for msg in list(self.saver.active.values()):
+            msg.abort_reason = msg.abort_reason or reason
+            try:
+                await self._finalize(msg, "aborted", reason=msg.abort_reason)
+            except (NotFound, EventStoreError) as e:  # deleted meanwhile, or the store failed
+                log.warning("could not finalize message %s at stop: %s", msg.msg_id, e)
+                continue
+            n += 1
+        return n
+
     async def _shutdown(self) -> None:
         """Flush every saver, abort what still runs ("server shutdown"), write
-        the registry checkpoint."""
+        the registry checkpoint and the snapshots of the sessions whose
+        messages just ended (at most STOP_SNAPSHOTS of them)."""
         self.shutting_down = True
         if self.es.broken is not None:
             return
-        for msg in list(self.saver.active.values()):
-            msg.abort_reason = msg.abort_reason or "server shutdown"
-            await self._finalize(msg, "aborted", reason=msg.abort_reason)
-        # Snapshots are left to the debounce: a session without a fresh one is
-        # loaded by replaying its log's tail, and writing thousands of them here
-        # would make a stop slow. The registry checkpoint is what startup reads.
+        await self.abort_running("server shutdown")
+        # Other snapshots are left to the debounce: a session without a fresh
+        # one is loaded by replaying its log's tail, and writing thousands of
+        # them here would make a stop slow. index.json is what startup reads.
+        dirty, self._snap_dirty = list(self._snap_dirty), set()
+        for sid in dirty[:STOP_SNAPSHOTS]:
+            await self._cache_write(self.write_snapshot, sid)
         await self._cache_write(self.write_checkpoint)
 
 
@@ -714,6 +807,7 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
                 nursery.start_soon(store.saver.run)
                 nursery.start_soon(store._checkpoint_loop)
                 nursery.start_soon(store._snapshot_loop)
+                nursery.start_soon(store._check_loop)
                 try:
                     yield store
                 finally:

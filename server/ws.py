@@ -520,31 +520,84 @@ async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = 
                 on_ready(server)
 
 
-def run_server(args: Any) -> int:
-    """`sessionlog serve`: run until SIGINT or SIGTERM, then shut down gracefully."""
+# `sessionlog serve` exit codes (documented in the README).
+EXIT_OK: Final = 0             # stopped by SIGINT/SIGTERM, everything finalized and checkpointed
+EXIT_STARTUP: Final = 3        # could not start: root locked or unusable, port in use, a damaged store file
+EXIT_STOP_TIMEOUT: Final = 4   # the stop took longer than --stop-grace (or a second signal came)
+EXIT_STORE_FAILED: Final = 5   # the store failed while serving (a write or sync error); restart to recover
+# How long a graceful stop may take before the server exits anyway.
+STOP_GRACE: Final = 10.0
+
+
+def _leaf_errors(e: BaseException) -> list[BaseException]:
+    if isinstance(e, BaseExceptionGroup):
+        return [leaf for sub in e.exceptions for leaf in _leaf_errors(sub)]
+    return [e]
+
+
+def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConfig | None = None) -> int:
+    """`sessionlog serve`: run until SIGINT or SIGTERM, then stop gracefully:
+    running replies are finalized `aborted` "server shutdown" with their text
+    and the checkpoints are written. A stop that takes longer than
+    `args.stop_grace` seconds (a producer that ignores cancellation, a disk
+    that does not answer), or a second signal, finalizes what it can and
+    exits with EXIT_STOP_TIMEOUT; it never hangs. Startup failures print one
+    line and exit with EXIT_STARTUP."""
     config = ServerConfig(host=args.host, port=args.port, allowed_origins=tuple(args.allow_origin))
     if args.token:
         config.token = args.token
     root = os.path.abspath(args.root)
+    grace = float(getattr(args, "stop_grace", STOP_GRACE))
+    started: list[Server] = []
 
     def ready(server: Server) -> None:
+        started.append(server)
         host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
         print(f"sessionlog: data in {root}", flush=True)
         print(f"sessionlog: serving http://{host}:{server.port}/?token={config.token}", flush=True)
 
+    def give_up(why: str) -> None:
+        print(f"sessionlog: error: {why}; exiting with what is durable (replies still running are "
+              "marked aborted by the next start)", file=sys.stderr, flush=True)
+        os._exit(EXIT_STOP_TIMEOUT)
+
+    async def watchdog() -> None:
+        """Runs once a stop has begun; the process exits before it wakes
+        unless the stop is stuck."""
+        await trio.sleep(grace)
+        if started:  # finalize what can still be finalized, briefly
+            with trio.move_on_after(min(2.0, grace)):
+                await started[0].store.abort_running("server shutdown")
+        give_up(f"the stop took longer than {grace:g} s (--stop-grace)")
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
+            serving = trio.CancelScope()
+
             async def on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
                     async for sig in sigs:
-                        log.info("received %s: shutting down", signal.Signals(sig).name)
-                        nursery.cancel_scope.cancel()
-                        return
+                        if serving.cancel_called:
+                            give_up(f"a second {signal.Signals(sig).name} during the stop")
+                        log.info("received %s: stopping (grace %g s)", signal.Signals(sig).name, grace)
+                        serving.cancel()
+                        nursery.start_soon(watchdog)
             nursery.start_soon(on_signal)
-            await serve_store(root, config, agent=DemoAgent(speed=args.agent_speed), on_ready=ready)
+            with serving:
+                await serve_store(root, config, agent=agent or DemoAgent(speed=args.agent_speed),
+                                  store_config=store_config, on_ready=ready)
+            nursery.cancel_scope.cancel()
     try:
         trio.run(main)
-    except EventStoreError as e:
-        print(f"sessionlog: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    except BaseException as e:  # noqa: BLE001 - sorted below: known failures are one line
+        errors = _leaf_errors(e)
+        if not all(isinstance(x, EventStoreError | OSError | ValueError) for x in errors):
+            raise
+        for x in errors:
+            print(f"sessionlog: error: {x}", file=sys.stderr)
+        return EXIT_STORE_FAILED if started else EXIT_STARTUP
+    if started and started[0].store.es.broken is not None:
+        print(f"sessionlog: error: the store failed while serving ({started[0].store.es.broken}); "
+              "restart to recover", file=sys.stderr)
+        return EXIT_STORE_FAILED
+    return EXIT_OK
