@@ -47,7 +47,7 @@ import trio
 
 from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
                      UnknownSession)
-from .events import Event
+from .events import Event, SessionDeleted
 from .fsio import HAVE_SYNCFS, OS_FILES, FileOps, lock_root
 from .log import SESSIONS_DIR, log_path, session_dir
 from .record import Record, encode_record
@@ -106,9 +106,10 @@ class _Batch:
 
 
 class _Session:
-    __slots__ = ("last_seq", "end", "durable_seq", "durable_end", "corrupt")
+    __slots__ = ("last_seq", "end", "durable_seq", "durable_end", "corrupt", "deleted")
 
     def __init__(self, last_seq: int, end: int, corrupt: CorruptRecord | None) -> None:
+        self.deleted = False  # its tombstone is appended: nothing may follow it
         self.last_seq = last_seq
         self.end = end
         self.durable_seq = last_seq
@@ -268,6 +269,8 @@ class EventStore:
     def _enqueue(self, session_id: str, events: Sequence[Event]) -> tuple[_Batch, list[Appended]]:
         self._check_open()
         sess = self._session(session_id)
+        if sess.deleted:
+            raise UnknownSession(session_id)
         if sess.corrupt is not None:
             raise SessionReadOnly(f"{sess.corrupt}; the session is read-only until "
                                   f"`sessionlog repair` is run on it")
@@ -286,6 +289,8 @@ class EventStore:
         else:
             lines.extend(new)
         batch.last_seq[session_id] = sess.last_seq
+        if type(events[-1]) is SessionDeleted:
+            sess.deleted = True
         if not batch.records:
             batch.opened = time.perf_counter()
         batch.records += len(out)

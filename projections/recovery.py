@@ -22,7 +22,7 @@ before the tail quarantines the session (its row is the good prefix's).
 
 A log whose fold ends in no meta is one of three things, and only the first
 two are ever removed:
-  - its last record is a tombstone (`session_deleted`): a deletion that did
+  - it holds a tombstone (`session_deleted`; nothing is appended after one): a deletion that did
     not finish; its folder is removed;
   - it is empty (no byte, or only a torn tail) and nothing else is in the
     folder but caches and torn copies: a creation that did not finish (a
@@ -78,7 +78,7 @@ class SessionRecovery:
     end: int
     meta_seq: int
     corrupt: CorruptRecord | None
-    deleted: bool = False     # the last record is a tombstone
+    deleted: bool = False     # the log holds a tombstone
     first_ts: float = 0.0     # ts of the first good record (0: none)
 
 
@@ -115,7 +115,7 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     if s.corrupt is not None:
         report.quarantined.append(s.corrupt)
     seq = s.records[-1].seq if s.records else entry_seq if offset else 0
-    deleted = bool(s.records) and type(s.records[-1].event) is SessionDeleted
+    deleted = any(type(r.event) is SessionDeleted for r in s.records)
     first_ts = s.records[0].ts if s.records and not offset else 0.0
     return SessionRecovery(meta, seq, s.good_end, meta_seq, s.corrupt, deleted, first_ts)
 
