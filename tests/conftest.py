@@ -37,3 +37,17 @@ def read_logs(root: str) -> dict[str, bytes]:
         with open(log_path(root, sid), "rb") as f:
             out[sid] = f.read()
     return out
+
+
+@pytest.fixture
+def second_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real second filesystem (a tmpfs mount): another st_dev than the data root."""
+    mnt = tmp_path / "second-fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield str(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -75,3 +75,57 @@ def test_errors_are_one_clear_line(store, args, msg):
 def test_every_command_has_help(cmd):
     r = run_cli(cmd, "--help")
     assert r.returncode == 0 and "--root" in r.stdout
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in r.stderr and "ExceptionGroup" not in r.stderr, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1, r.stderr
+    return errors[0]
+
+
+def test_serve_startup_failures_are_one_line_with_their_own_exit_code(store, tmp_path):
+    import socket
+    from .test_stop import start_serve
+    p, port = start_serve(store)
+    try:
+        r = run_cli("serve", "--root", store, "--port", "0")  # the root is locked by the running server
+        assert r.returncode == 3 and "in use by another process" in _one_line_error(r)
+    finally:
+        p.terminate()
+        p.communicate(timeout=30)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        r = run_cli("serve", "--root", str(tmp_path / "other"), "--port", str(busy))
+        assert r.returncode == 3 and "address already in use" in _one_line_error(r).lower()
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["serve", "--port", "99999"], "99999 is not a port"),
+    (["serve", "--log-level", "LOUD"], "'LOUD' is not one of"),
+    (["serve", "--stop-grace", "-1"], "not a duration"),
+])
+def test_bad_serve_options_are_refused_as_usage_errors(store, args, msg):
+    r = run_cli(*args, "--root", store)
+    assert r.returncode == 2 and msg in _one_line_error(r)
+
+
+def test_a_mistyped_root_creates_nothing_and_verify_tells_missing_from_corrupt(store, tmp_path):
+    typo = str(tmp_path / "typo")
+    for cmd in ("rebuild", "verify", "repair"):
+        args = [cmd, "--root", typo] + (["someid"] if cmd == "repair" else [])
+        r = run_cli(*args)
+        assert r.returncode == 3 and "no store at" in _one_line_error(r)
+        assert not os.path.exists(typo)
+    assert run_cli("verify", "--root", store).returncode == 0
+    from eventstore.log import list_session_ids, log_path
+    from eventstore.fsio import OS_FILES
+    sid = list_session_ids(OS_FILES, store)[0]
+    with open(log_path(store, sid), "rb") as f:
+        data = bytearray(f.read())
+    data[30] ^= 0x01
+    with open(log_path(store, sid), "wb") as f:
+        f.write(data)
+    assert run_cli("verify", "--root", store).returncode == 1

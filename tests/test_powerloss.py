@@ -170,3 +170,75 @@ def test_the_model_loses_what_was_not_synced(tmp_path):
     assert (tmp_path / "c" / "d" / "f").read_bytes() == b"abc\x00\x00\x00"
     crash_image(ops + [("syncfs",)], "drop", str(tmp_path / "e"))
     assert (tmp_path / "e" / "d" / "f").read_bytes() == b"abcdef"
+
+
+def _baseline_ops(root: str) -> list[tuple]:
+    """Operations that make a model disk hold `root`'s files, all durable."""
+    ops: list[tuple] = []
+    for d, dirs, files in os.walk(root):
+        rel = os.path.relpath(d, root)
+        if rel != ".":
+            ops.append(("mkdir", rel))
+        for name in sorted(files):
+            with open(os.path.join(d, name), "rb") as f:
+                ops.append(("write_file", os.path.normpath(os.path.join(rel, name)), f.read()))
+    dirs_rel = sorted({os.path.dirname(op[1]) or "." for op in ops if op[0] == "write_file"}
+                      | {op[1] for op in ops if op[0] == "mkdir"} | {"."})
+    ops += [("sync_dir", d) for d in dirs_rel]
+    return ops
+
+
+@pytest.mark.slow
+def test_repair_under_a_power_cut_at_every_point(tmp_path):
+    """`sessionlog repair` (item 9): at every cut point the removed bytes are
+    either still in the log or saved under a durable name, and no cache
+    reflects the log past the cut."""
+    from eventstore.log import read_log, scan
+    from projections.rebuild import repair
+    from projections.recovery import load_session_state
+    live = str(tmp_path / "live")
+
+    async def make() -> str:
+        async with open_session_store(live, config=StoreConfig(snapshot_interval=0)) as store:
+            meta, _ = await store.create_session(first_message="one")
+            for text in ("two", "three", "four"):
+                await store.append_message(meta.id, text)
+            await store.load_session(meta.id)
+            await store.write_snapshot(meta.id)
+            return meta.id
+    sid = trio.run(make)
+    path = log_path(live, sid)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[data.index(b'"three"') + 2] ^= 0x01  # damage in the middle: quarantined
+    with open(path, "wb") as f:
+        f.write(data)
+    base = _baseline_ops(live)
+    fs = RecordingFS(live)
+    repair(fs, live, sid)
+    ops = base + fs.ops
+    good_end = scan(sid, bytes(data), expect_seq=1).good_end
+    images = 0
+    for k in range(len(base), len(ops) + 1):
+        for mode in MODES:
+            image = str(tmp_path / f"img-{k}-{mode}")
+            crash_image(ops[:k], mode, image)
+            ipath = log_path(image, sid)
+            with open(ipath, "rb") as f:
+                now = f.read()
+            copies = sorted(p for p in os.listdir(os.path.dirname(ipath)) if ".corrupt-" in p)
+            if now != bytes(data):
+                assert now == bytes(data[:good_end]), f"the log is cut elsewhere at op {k} ({mode})"
+                assert copies, f"the removed bytes are lost at op {k} ({mode})"
+                with open(os.path.join(os.path.dirname(ipath), copies[0]), "rb") as f:
+                    assert f.read() == bytes(data[good_end:])
+                assert not os.path.exists(os.path.join(image, "index.json"))
+                state, _ = load_session_state(OS_FILES, image, sid)
+                full, _ = load_session_state(OS_FILES, image, sid, use_snapshot=False)
+                assert ENC.encode([state.meta, list(state.messages.values())]) == \
+                    ENC.encode([full.meta, list(full.messages.values())]), f"a stale cache at op {k} ({mode})"
+                check_image(image, Workload(), 0, open_store=(k + images) % 7 == 0)
+            shutil.rmtree(image)
+            images += 1
+    assert images >= 4 * len(fs.ops)
+    assert read_log(OS_FILES, live, sid) == bytes(data[:good_end])
