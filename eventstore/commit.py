@@ -136,6 +136,11 @@ class EventStore:
         # Called after each durable batch with (records, perf_counter() of its
         # first record, perf_counter() when durable): bench/ measures latency with it.
         self.batch_listeners: list[Callable[[int, float, float], None]] = []
+        # Called after the listeners have seen all the records of one append
+        # (one call of append/append_many/append_nowait) with the session id.
+        self.append_listeners: list[Callable[[str], None]] = []
+        # Called once, on the trio thread, when a write or sync fails (the store breaks).
+        self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._sessions: dict[str, _Session] = {}
         self._creating: set[str] = set()
         self._fds: OrderedDict[str, int] = OrderedDict()
@@ -186,6 +191,13 @@ class EventStore:
         except KeyError:
             raise UnknownSession(session_id) from None
 
+    def _fail(self, error: BaseException) -> None:
+        """The store is broken from now on; tell the failure listeners once."""
+        if self._broken is None:
+            self._broken = error
+            for listener in self.failure_listeners:
+                listener(error)
+
     def _check_open(self) -> None:
         if self._broken is not None:
             raise StoreBroken("the store failed to write or sync and accepts nothing more; "
@@ -216,7 +228,7 @@ class EventStore:
         except FileExistsError:
             raise SessionExists(f"session {session_id!r} already exists") from None
         except OSError as e:
-            self._broken = e  # like a failed batch: fatal, never retried
+            self._fail(e)  # like a failed batch: fatal, never retried
             raise StoreBroken(f"creating session {session_id!r} failed: {e}") from e
         finally:
             self._creating.discard(session_id)
@@ -254,7 +266,7 @@ class EventStore:
         try:
             await trio.to_thread.run_sync(self._remove_sync, folder, fd)
         except OSError as e:  # the tombstone is durable: the next start finishes the removal
-            self._broken = e
+            self._fail(e)
             raise StoreBroken(f"removing session {session_id!r} failed: {e}") from e
 
     def _remove_sync(self, folder: str, fd: int | None) -> None:
@@ -297,6 +309,8 @@ class EventStore:
         for a in out:
             for listener in self.listeners:
                 listener(session_id, a.record, a.end)
+        for done in self.append_listeners:
+            done(session_id)
         self._wake.set()
         return batch, out
 
@@ -372,7 +386,7 @@ class EventStore:
                 try:
                     await trio.to_thread.run_sync(self._commit_sync, batch)
                 except OSError as e:
-                    self._broken = e
+                    self._fail(e)
                     batch.error = e
                     # Later appends are refused by _check_open; a batch that was
                     # filling meanwhile can never be written: fail its waiters too.

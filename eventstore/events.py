@@ -38,6 +38,8 @@ class SessionCreated(BaseEvent, tag="session_created"):
     title: str = ""
     project_id: str | None = None
     created_at: float = 0.0
+    # A title given at creation is the user's: auto-naming leaves it alone.
+    user_titled: bool = False
 
 
 class MessageCreated(BaseEvent, tag="message_created"):
@@ -108,6 +110,12 @@ class ProjectRelocated(BaseEvent, tag="project_relocated"):
     path: str
 
 
+class HeadMoved(BaseEvent, tag="head_moved"):
+    """The user switched branches: `head` is the new tip of the current branch
+    (the leaf a client sees last; see SessionState.leaf_of)."""
+    head: str
+
+
 class SessionDeleted(BaseEvent, tag="session_deleted"):
     """A tombstone: the directory is removed after it is durable; a start that
     finds one finishes the deletion."""
@@ -127,7 +135,7 @@ class ProjectMoved(BaseEvent, tag="project_moved"):
 
 
 Event = (SessionCreated | MessageCreated | MessageProgress | MessageFinalized | SessionRenamed
-         | SessionFlags | ProjectBound | ProjectRelocated | SessionDeleted
+         | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | SessionDeleted
          | ProjectCreated | ProjectMoved)
 
 EVENT_ENCODER: Final = msgspec.json.Encoder()

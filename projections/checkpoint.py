@@ -13,7 +13,7 @@ import msgspec
 from eventstore.fsio import FileOps, atomic_write
 from eventstore.log import session_dir
 
-from .session import MessageSnapshot, SessionMeta, SessionState
+from .session import ROOT_KEY, MessageSnapshot, SessionMeta, SessionState
 
 INDEX_NAME: Final = "index.json"
 SNAPSHOT_NAME: Final = "snapshot.json"
@@ -33,23 +33,33 @@ class IndexCheckpoint(msgspec.Struct, kw_only=True):
     sessions: dict[str, SessionEntry] = {}
 
 
+# Snapshots gained the branch pointers (`active`) in version 2; an older
+# snapshot is ignored (a full replay of the log serves, and rewrites it).
+SNAPSHOT_VERSION: Final = 2
+
+
 class SessionSnapshot(msgspec.Struct, kw_only=True):
-    version: int = FORMAT_VERSION
+    version: int = SNAPSHOT_VERSION
     seq: int
     end: int
     meta: SessionMeta | None
     head: str | None
     messages: list[MessageSnapshot]
+    active: dict[str, str] = {}
 
     @classmethod
     def of(cls, state: SessionState) -> SessionSnapshot:
         return cls(seq=state.seq, end=state.end, meta=state.meta, head=state.head,
-                   messages=list(state.messages.values()))
+                   messages=list(state.messages.values()), active=dict(state.active))
 
     def to_state(self) -> SessionState:
         state = SessionState()
         state.seq, state.end, state.meta, state.head = self.seq, self.end, self.meta, self.head
         state.messages = {m.msg_id: m for m in self.messages}
+        for m in self.messages:  # creation order: the children lists come back as they were
+            if m.caller is None:
+                state.children.setdefault(m.parent_id or ROOT_KEY, []).append(m.msg_id)
+        state.active = dict(self.active)
         return state
 
 
@@ -103,4 +113,4 @@ def read_snapshot(fs: FileOps, root: str, session_id: str) -> SessionSnapshot | 
         snap = _SNAPSHOT_DECODER.decode(fs.read_bytes(path))
     except (FileNotFoundError, msgspec.DecodeError):
         return None
-    return snap if snap.version == FORMAT_VERSION else None
+    return snap if snap.version == SNAPSHOT_VERSION else None

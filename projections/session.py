@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
+from eventstore.events import (HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
                                SessionRenamed)
 from eventstore.record import Record
@@ -67,7 +67,7 @@ def apply_meta(meta: SessionMeta | None, record: Record) -> SessionMeta | None:
         case SessionCreated() as c:
             at = c.created_at or record.ts
             return SessionMeta(id=c.session_id, agent_id=c.agent_id, source=c.source, title=c.title,
-                               project_id=c.project_id, created_at=at, updated_at=at)
+                               project_id=c.project_id, created_at=at, updated_at=at, user_titled=c.user_titled)
         case _ if meta is None:
             return None
         case MessageCreated(caller=caller, role=role, status=status, msg_id=msg_id, content=content):
@@ -121,10 +121,19 @@ class MessageSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     tokens: dict[str, int] | None = None
 
 
-class SessionState:
-    """Meta plus the message DAG of one session, as of `seq`."""
+ROOT_KEY = ""  # the parent key of the first message(s): they have no parent
 
-    __slots__ = ("meta", "messages", "head", "seq", "end")
+
+class SessionState:
+    """Meta plus the message DAG of one session, as of `seq`.
+
+    Branches: conversational messages (no `caller`) with the same parent are
+    siblings (a retry or regenerate makes one). `children` lists each parent's
+    conversational children in creation order; `active` maps each parent to
+    the child on the branch last shown through it, so switching to a sibling
+    restores exactly the view that branch had (`leaf_of`)."""
+
+    __slots__ = ("meta", "messages", "head", "seq", "end", "children", "active")
 
     def __init__(self) -> None:
         self.meta: SessionMeta | None = None
@@ -132,6 +141,36 @@ class SessionState:
         self.head: str | None = None
         self.seq = 0
         self.end = 0  # byte offset just past record `seq` in the log
+        self.children: dict[str, list[str]] = {}
+        self.active: dict[str, str] = {}
+
+    def _point_to(self, msg_id: str) -> None:
+        """Make the path from the root to msg_id the active one. Invariant: the
+        path from head to the root is active, so a message appended under the
+        head needs one pointer (done in apply); a retry or a switch walks up."""
+        child, seen = msg_id, set()
+        while child in self.messages and child not in seen:
+            seen.add(child)
+            parent = self.messages[child].parent_id or ROOT_KEY
+            self.active[parent] = child
+            if parent == ROOT_KEY:
+                return
+            child = parent
+
+    def leaf_of(self, msg_id: str) -> str:
+        """The tip of the branch through msg_id: follow the active children."""
+        seen = {msg_id}
+        while msg_id in self.active and self.active[msg_id] not in seen:
+            msg_id = self.active[msg_id]
+            seen.add(msg_id)
+        return msg_id
+
+    def siblings(self, msg_id: str) -> list[str]:
+        """The conversational messages sharing msg_id's parent, in creation order."""
+        m = self.messages.get(msg_id)
+        if m is None or m.caller is not None:
+            return []
+        return self.children.get(m.parent_id or ROOT_KEY, [msg_id])
 
     def apply(self, record: Record, end: int = 0) -> None:
         """Fold one record (in seq order)."""
@@ -165,7 +204,14 @@ class SessionState:
                     last_update_at=record.ts, created_at=record.ts, seq=record.seq,
                     metadata=dict(c.metadata))
                 if c.caller is None:
+                    parent = c.parent_id or ROOT_KEY
+                    under_head = parent == (self.head or ROOT_KEY)
                     self.head = c.msg_id
+                    self.children.setdefault(parent, []).append(c.msg_id)
+                    if under_head:
+                        self.active[parent] = c.msg_id
+                    else:
+                        self._point_to(c.msg_id)
             case MessageFinalized() as f:
                 m = msgs.get(f.msg_id)
                 if m is None or not can_move(m.status, f.status):
@@ -183,18 +229,24 @@ class SessionState:
                     caller="project", status="done", created_at=record.ts, last_update_at=record.ts,
                     content=f"Project folder moved: {r.old_path} → {r.path}", seq=record.seq,
                     metadata={"project_id": r.project_id, "old_path": r.old_path, "path": r.path})
+            case HeadMoved(head=head) if head in msgs:
+                self.head = head
+                self._point_to(head)
             case SessionDeleted():
                 msgs.clear()
+                self.children.clear()
+                self.active.clear()
                 self.head = None
             case _:
                 pass
 
-    def branch(self) -> list[MessageSnapshot]:
-        """The current branch: the path from the root to head, plus the
-        non-conversational nodes (tool calls, relocations) hanging off it."""
+    def branch(self, head: str | None = None) -> list[MessageSnapshot]:
+        """The current branch (or the one ending at `head`): the path from the
+        root to head, plus the non-conversational nodes (tool calls,
+        relocations) hanging off it."""
         path: list[str] = []
         seen: set[str] = set()
-        mid = self.head
+        mid = self.head if head is None else head
         while mid is not None and mid not in seen and mid in self.messages:
             seen.add(mid)
             path.append(mid)

@@ -12,6 +12,7 @@ message, and a message is at most one interval (plus one batch) behind.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -139,6 +140,7 @@ class ThrottledSaver:
         self.ticks = 0
         self.late_ticks = 0
         self.failed: BaseException | None = None
+        self.on_store_failed: Callable[[BaseException], object] | None = None
 
     def flush(self, msg: InflightMessage) -> None:
         """Queue the message's pending changes now (before a finalize)."""
@@ -185,6 +187,8 @@ class ThrottledSaver:
                       "writes are refused until a restart", error, len(self.active))
         for msg in list(self.active.values()):
             self._end(msg, "store failure")
+        if self.on_store_failed is not None:
+            self.on_store_failed(error)
 
     def check_stalled(self) -> None:
         now = trio.current_time()

@@ -33,6 +33,9 @@ class ListSessions(Action, tag="list_sessions", kw_only=True):
     archived: bool | None = None
     offset: Count = 0
     limit: Annotated[int, msgspec.Meta(ge=0, le=MAX_LIMIT)] | None = None
+    # A position from an earlier `sessions_list` or push (`rev`): answer with the
+    # changes since then (`sessions_changes`), or a full list with `relist: true`.
+    since: Short | None = None
 
 
 class CreateSession(Action, tag="create_session", kw_only=True):

@@ -38,6 +38,7 @@ from projections.registry import InvalidFilter, Registry
 from projections.session import MessageSnapshot, SessionMeta, SessionState
 
 from .errors import BadRequest, Conflict, NotFound
+from .feed import ChangeFeed
 from .inflight import PROGRESS_INTERVAL, STALL_TIMEOUT, InflightMessage, ThrottledSaver
 from .projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from .subscriptions import MsgUpdate, Subscription, SubscriptionHub
@@ -86,6 +87,9 @@ _TITLE_FIELDS = {"title": "title", "user_titled": "_user_titled", "auto_titled":
 _FLAG_FIELDS = ("pinned", "unread", "archived", "status")
 
 Watcher = Callable[[str, dict[str, Any]], None]
+# Row attributes and their wire names (the meta minus open_msgs).
+_ROW_ATTRS = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(SessionMeta) if f.name != "open_msgs")
+_FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"})
 
 
 def row_of(meta: SessionMeta, project: ProjectView | None, damaged: str | None = None) -> dict[str, Any]:
@@ -114,7 +118,12 @@ class SessionStore:
         self.projects = ProjectRegistry(fs, root, config.home)
         self.hub = SubscriptionHub()
         self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout)
+        self.saver.on_store_failed = lambda error: self.hub.end(None, "store failure")
+        es.failure_listeners.append(self.saver.store_failed)
         self.watchers: list[Watcher] = []
+        self.feed = ChangeFeed()
+        self._creating: set[str] = set()
+        self._row_before: dict[str, SessionMeta] = {}
         self.recovery: RecoveryReport | None = None
         self.removed_at_start: list[tuple[str, str]] = []
         self.aborted_at_start: list[tuple[str, str]] = []
@@ -131,10 +140,12 @@ class SessionStore:
         self.checked = trio.Event()    # the background check of the skipped log prefixes is done
         self.shutting_down = False
         es.listeners.append(self._on_record)
+        es.append_listeners.append(self._after_append)
 
     # -- the live projection ------------------------------------------------
 
     def _on_record(self, sid: str, rec: Record, end: int) -> None:
+        old_row = self.registry.rows.get(sid)
         self.registry.apply(sid, rec, end)
         state = self._states.get(sid)
         if state is not None:
@@ -152,6 +163,8 @@ class SessionStore:
             return
         if not self._ckpt_dirty.is_set():
             self._ckpt_dirty.set()
+        if old_row is not None and sid not in self._row_before:
+            self._row_before[sid] = old_row
         if isinstance(ev, MessageFinalized | MessageCreated | ProjectRelocated):
             self._snap_dirty.add(sid)
             self._snap_wake.set()
@@ -174,13 +187,41 @@ class SessionStore:
     async def _publish_when_durable(self, sid: str, update: MsgUpdate) -> None:
         try:
             await self.es.wait_durable(sid, update.seq)
-        except EventStoreError:
-            return  # the store broke: the record may be lost; subscribers see the connection end
+        except EventStoreError as e:  # the store broke (or the session went): the record may be lost
+            self.hub.end(sid, "session deleted" if isinstance(e, UnknownSession) else "store failure",
+                         msg_id=update.msg_id)
+            return
         self.hub.publish(update)
 
+    def _after_append(self, sid: str) -> None:
+        """Every change of a row goes out as one `session_updated` per append,
+        with only the changed fields: renames and flags, and what the fold
+        changes by itself (a reply starting or ending: status; a message:
+        preview, updated_at, message_count)."""
+        old = self._row_before.pop(sid, None)
+        new = self.registry.rows.get(sid)
+        if old is None or new is None or new is old or sid in self._creating:
+            return
+        changed = self._row_changes(old, new)
+        if changed:
+            self._notify("session_updated", {"id": sid, **changed})
+
+    def _row_changes(self, old: SessionMeta, new: SessionMeta) -> dict[str, Any]:
+        changed = {wire: getattr(new, attr) for attr, wire in _ROW_ATTRS
+                   if getattr(new, attr) != getattr(old, attr)}
+        if "project_id" in changed:
+            changed["project"] = row_of(new, self._project_view(new.project_id))["project"]
+        return changed
+
     def _notify(self, kind: str, data: dict[str, Any]) -> None:
+        if kind in _FEED_KINDS:
+            self.feed.add(kind, data)
         for w in list(self.watchers):
             w(kind, data)
+
+    def changes_since(self, position: str) -> list[tuple[str, dict[str, Any]]] | None:
+        """The registry changes (push kind, data) after `position`, or None: re-list."""
+        return self.feed.since(position)
 
     # -- lookups ------------------------------------------------------------
 
@@ -277,13 +318,17 @@ class SessionStore:
             self.projects.get(project_id)
         if sid in self.registry:
             raise Conflict("session_exists", f"session {sid!r} already exists")
+        now = time.time()
+        # A title given at creation is the user's title: auto-naming leaves it alone.
         events: list[Event] = [SessionCreated(session_id=sid, agent_id=agent_id, source=source, title=title,
-                                              project_id=project_id, created_at=time.time())]
+                                              project_id=project_id, created_at=now, user_titled=bool(title))]
         msg_id = None
         if first_message is not None:
             msg_id = new_session_id()
-            events.append(MessageCreated(msg_id=msg_id, role="user", kind="chat", content=first_message))
+            events.append(MessageCreated(msg_id=msg_id, role="user", kind="chat", content=first_message,
+                                         started_at=now))
         self._states[sid] = SessionState()
+        self._creating.add(sid)
         try:
             await self.es.create(sid, events)
         except SessionExists:
@@ -292,10 +337,12 @@ class SessionStore:
         except BaseException:
             self._states.pop(sid, None)
             raise
+        finally:
+            self._creating.discard(sid)
+            self._row_before.pop(sid, None)
         self._evict_states()
         meta = self.get_meta(sid)
-        if self.watchers:
-            self._notify("session_created", self.get_row(sid))
+        self._notify("session_created", {"session": self.get_row(sid)})
         return meta, msg_id
 
     async def append_message(self, session_id: str, content: str, *, role: str = "user",
@@ -311,7 +358,7 @@ class SessionStore:
         msg_id = new_session_id()
         await self._append(session_id, MessageCreated(
             msg_id=msg_id, role=role, kind=kind, parent_id=parent_id or state.head,  # type: ignore[arg-type]
-            content=content, metadata=metadata or {}))
+            content=content, started_at=time.time(), metadata=metadata or {}))
         if role == "assistant":
             self._after_reply(session_id)
         return msg_id
@@ -354,8 +401,7 @@ class SessionStore:
         if flag_kw:
             events.append(SessionFlags(**flag_kw))
         if events:
-            await self._append(session_id, *events)
-            self._notify("session_updated", {"id": session_id, **changed})
+            await self._append(session_id, *events)  # the row's change is pushed by _on_record
         return changed
 
     async def rename_session(self, session_id: str, title: str) -> dict[str, Any]:
@@ -387,7 +433,8 @@ class SessionStore:
         for msg in [m for (sid, _), m in self.saver.active.items() if sid == session_id]:
             msg.abort_reason = "session deleted"
             msg.scope.cancel()
-        await self._append(session_id, SessionDeleted())
+        tomb = await self._append(session_id, SessionDeleted())
+        self.hub.end(session_id, "session deleted", seq=tomb[0].record.seq)
         self._states.pop(session_id, None)
         self._snap_dirty.discard(session_id)
         # A snapshot being written into the folder finishes first; none starts
@@ -438,7 +485,6 @@ class SessionStore:
         if meta.message_count > 0:
             raise Conflict("project_frozen", FROZEN_ERROR)
         await self._append(session_id, ProjectBound(project_id=project_id))
-        self._notify("session_updated", {"id": session_id, "project_id": project_id})
         return {"project_id": project_id}
 
     async def relocate_project(self, session_id: str, project_id: str, path: str) -> dict[str, Any]:
@@ -813,6 +859,10 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
                 finally:
                     with trio.CancelScope(shield=True):
                         await store._shutdown()
+                        await trio.lowlevel.checkpoint()  # let durable terminal updates go out first
+                    # Every subscription ends with a terminal update, even when
+                    # its message gets none here.
+                    store.hub.end(None, "store failure" if es.broken is not None else "server shutdown")
                     nursery.cancel_scope.cancel()
         finally:
             store._nursery = None

@@ -107,5 +107,21 @@ class SubscriptionHub:
         for sub in list(self._subs.get((update.session_id, update.msg_id), ())):
             sub.push(update)
 
+    def end(self, session_id: str | None, reason: str, *, msg_id: str | None = None, seq: int = 0) -> int:
+        """End every subscription of a session (or of one message, or, with
+        None, all) with a final `aborted` update carrying `reason`, when its
+        message will never get a terminal record here (the session was
+        deleted, the store failed, the server stops). Returns how many."""
+        keys = [k for k in self._subs
+                if session_id is None or (k[0] == session_id and (msg_id is None or k[1] == msg_id))]
+        n = 0
+        for key in keys:
+            for sub in list(self._subs.get(key, ())):
+                sub.push(MsgUpdate(session_id=key[0], msg_id=key[1], seq=seq, offset=sub.have, content_delta="",
+                                   status="aborted", aborted_reason=reason, durable_seq=seq))
+                sub.close()
+                n += 1
+        return n
+
     def count(self) -> int:
         return sum(len(s) for s in self._subs.values())

@@ -259,7 +259,7 @@ class Server:
         elif kind == "session_deleted":
             self.broadcast(p.encode_frame("session_deleted", data))
         elif kind == "session_created":
-            self.broadcast(p.encode_frame("session_created", {"session": data}))
+            self.broadcast(p.encode_frame("session_created", data))
         elif kind == "message_created":
             sid = data["session_id"]
             watching = [c for c in self.connections if sid in c.watching]
@@ -392,9 +392,18 @@ class Connection:
         store, rid = self.store, req.request_id
         match req:
             case p.ListSessions() as r:
+                if r.since is not None:
+                    changes = store.changes_since(r.since)
+                    if changes is not None:
+                        self.reply("sessions_changes", {"since": r.since, "rev": store.feed.position,
+                                                        "changes": [{"type": k, "data": d} for k, d in changes]},
+                                   rid)
+                        return
+                rev = store.feed.position
                 rows, total = store.list_sessions(filters=r.filters, include_archived=r.include_archived,
                                                   archived=r.archived, offset=r.offset, limit=r.limit)
-                self.reply("sessions_list", {"rows": rows, "total": total}, rid)
+                self.reply("sessions_list", {"rows": rows, "total": total, "rev": rev,
+                                             "relist": r.since is not None}, rid)
             case p.CreateSession() as r:
                 meta, _ = await store.create_session(agent_id=r.agent_id, source=r.source, title=r.title,
                                                      project_id=r.project_id)

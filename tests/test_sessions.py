@@ -120,7 +120,9 @@ async def test_update_returns_exactly_the_changed_fields(store):
     store.watchers.append(lambda kind, data: seen.append((kind, data)))
     assert await store.update_session(meta.id, title="new", pinned=False, unread=True) == \
         {"title": "new", "unread": True}
-    assert seen == [("session_updated", {"id": meta.id, "title": "new", "unread": True})]
+    assert [(k, {f: v for f, v in d.items() if f != "rev"}) for k, d in seen] == \
+        [("session_updated", {"id": meta.id, "title": "new", "unread": True})]
+    assert seen[0][1]["rev"] == store.feed.position
     assert await store.update_session(meta.id, title="new") == {}
     m = store.get_meta(meta.id)
     assert (m.title, m.unread, m.pinned) == ("new", True, False)
@@ -178,7 +180,7 @@ async def test_delete_is_a_tombstone_then_the_folder(store):
     assert await store.delete_session(meta.id) is True
     assert not os.path.exists(os.path.dirname(log_path(store.root, meta.id)))
     assert meta.id not in store.registry
-    assert seen == [("session_deleted", {"session_id": meta.id})]
+    assert [(k, {f: v for f, v in d.items() if f != "rev"}) for k, d in seen] == [("session_deleted", {"session_id": meta.id})]
     assert await store.delete_session(meta.id) is False
 
 
