@@ -57,11 +57,11 @@ class FileOps:
         """The st_dev of an open file: which filesystem a sync must cover."""
         return os.fstat(fd).st_dev
 
-    def read_bytes(self, path: str, offset: int = 0) -> bytes:
+    def read_bytes(self, path: str, offset: int = 0, size: int = -1) -> bytes:
         with open(path, "rb") as f:
             if offset:
                 f.seek(offset)
-            return f.read()
+            return f.read(size)
 
     def size(self, path: str) -> int:
         return os.stat(path).st_size
@@ -91,7 +91,13 @@ class FileOps:
         os.unlink(path)
 
     def rmtree(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=False)
+        """Remove a folder and what is in it; a folder that is a symlink (to
+        another filesystem) loses its target's contents, then the link."""
+        if os.path.islink(path):
+            shutil.rmtree(os.path.realpath(path), ignore_errors=False)
+            os.unlink(path)
+        else:
+            shutil.rmtree(path, ignore_errors=False)
 
     def fsync_dir(self, path: str) -> None:
         fd = self.open_dir(path)

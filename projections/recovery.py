@@ -24,15 +24,16 @@ A log whose fold ends in no meta is one of three things, and only the first
 two are ever removed:
   - it holds a tombstone (`session_deleted`; nothing is appended after one): a deletion that did
     not finish; its folder is removed;
-  - it is empty (no byte, or only a torn tail) and nothing else is in the
-    folder but caches and torn copies: a creation that did not finish (a
-    session is acknowledged only once its first records are fsynced), removed;
+  - it is empty (0 bytes: no torn copy beside it) and nothing else is in the
+    folder but caches: a creation that did not finish (a session is
+    acknowledged only once its first records are fsynced), removed;
   - anything else (damage in line 1, records without `session_created`, a log
     emptied by `repair --allow-empty`): the session is quarantined and listed
     with what is known (`damaged_meta`), read-only, never removed.
 Left-over temp files (`*.tmp` of an interrupted checkpoint write) are removed,
-and session folders without a log that hold only caches are removed too;
-any other orphan folder is reported and kept. Session snapshots follow the
+and session folders without a log that hold only temp files are removed too;
+any other orphan folder (a snapshot without its log included) is reported
+and kept. Session snapshots follow the
 same rules one level down (`load_session_state`).
 """
 from __future__ import annotations
@@ -120,16 +121,38 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     return SessionRecovery(meta, seq, s.good_end, meta_seq, s.corrupt, deleted, first_ts)
 
 
+# The check after startup reads a log in pieces of this size, so that neither
+# memory nor one long call holding the GIL grows with the log.
+CHECK_CHUNK = 1 << 20
+
+
 def check_prefix(fs: FileOps, root: str, sid: str, end: int) -> CorruptRecord | None:
     """Damage in a log's first `end` bytes (checksums, envelopes, seq order),
     or None. For the part of a log that startup did not read (before its
     checkpoint offset). Sync; run it in a thread."""
-    data = read_log(fs, root, sid)[:end]
-    s = scan(sid, data, expect_seq=1, meta_only=True)
-    if s.corrupt is not None:
-        return s.corrupt
-    if s.good_end < end:
-        return CorruptRecord(sid, len(s.records) + 1, "a damaged record before the checkpointed end of the log")
+    path = log_path(root, sid)
+    pos = line = 0
+    expect = 1
+    carry = b""
+    while pos < end:
+        chunk = fs.read_bytes(path, pos, min(CHECK_CHUNK, end - pos))
+        if not chunk:
+            break
+        pos += len(chunk)
+        data = carry + chunk
+        cut = data.rfind(b"\n") + 1
+        carry = data[cut:]
+        s = scan(sid, data[:cut], base_line=line, expect_seq=expect, meta_only=True)
+        if s.corrupt is not None:
+            return s.corrupt
+        if s.torn_bytes:  # a bad line last in this piece is damage too: the log goes on
+            return CorruptRecord(sid, line + len(s.records) + 1, "a damaged record before the checkpointed end")
+        line += len(s.records)
+        if s.records:
+            expect = s.records[-1].seq + 1
+        time.sleep(0)  # let the trio thread have the GIL between pieces
+    if carry or pos < end:
+        return CorruptRecord(sid, line + 1, "a damaged record before the checkpointed end of the log")
     return None
 
 
@@ -173,7 +196,7 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
                 if repair:
                     _remove_folder(fs, session_dir(root, sid))
                 continue
-            if rec.corrupt is None and rec.seq == 0 and _only_caches(fs, session_dir(root, sid), torn_ok=True):
+            if rec.corrupt is None and rec.seq == 0 and _only_caches(fs, session_dir(root, sid), orphan=False):
                 report.unfinished_creations.append(sid)
                 if repair:
                     _remove_folder(fs, session_dir(root, sid))
@@ -188,7 +211,7 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
             progress(i + 1, len(ids))
     for sid in orphans:
         folder = session_dir(root, sid)
-        if _only_caches(fs, folder, torn_ok=False):
+        if _only_caches(fs, folder, orphan=True):
             if repair:
                 _remove_folder(fs, folder)
                 report.temp_files.append(folder)
@@ -200,7 +223,7 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
     return registry, found, report
 
 
-_CACHE_NAMES = frozenset({SNAPSHOT_NAME, SNAPSHOT_NAME + ".tmp", INDEX_NAME + ".tmp"})
+_TEMP_NAMES = frozenset({SNAPSHOT_NAME + ".tmp", INDEX_NAME + ".tmp"})
 
 
 def _listdir(fs: FileOps, folder: str) -> list[str]:
@@ -210,15 +233,18 @@ def _listdir(fs: FileOps, folder: str) -> list[str]:
         return []
 
 
-def _only_caches(fs: FileOps, folder: str, *, torn_ok: bool) -> bool:
-    """Does the folder hold nothing but a log, caches (and with `torn_ok`, torn
-    copies)? A `.corrupt-N` copy kept by `repair` is never removed."""
+def _only_caches(fs: FileOps, folder: str, *, orphan: bool) -> bool:
+    """May the folder go? A session folder: when it holds nothing but its
+    (empty) log, a snapshot and temp files; a torn or `.corrupt-N` copy means
+    the log once had bytes, so it is kept (quarantined). An orphan folder (no
+    log): only when it holds nothing but temp files; a snapshot without its
+    log may be the last copy of a session and is kept and reported."""
     try:
         names = fs.listdir(folder)
     except NotADirectoryError:
         return False
-    return all(n == LOG_NAME or n in _CACHE_NAMES or (torn_ok and n.startswith(LOG_NAME + ".torn-"))
-               for n in names)
+    allowed = _TEMP_NAMES if orphan else _TEMP_NAMES | {LOG_NAME, SNAPSHOT_NAME}
+    return all(n in allowed for n in names)
 
 
 def _remove_folder(fs: FileOps, folder: str) -> None:

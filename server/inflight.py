@@ -12,12 +12,15 @@ message, and a message is at most one interval (plus one batch) behind.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from eventstore.errors import RecordTooLarge, SessionReadOnly, StoreBroken, StoreClosed, UnknownSession
+import msgspec
+
 from eventstore.events import EVENT_ENCODER, MessageProgress
 from eventstore.record import MAX_RECORD_BYTES
 
@@ -35,6 +38,16 @@ STALL_TIMEOUT: Final = 300.0
 # character is at most 6 bytes of JSON, so a chunk stays well under the record
 # limit, with room for the envelope).
 MAX_DELTA_CHARS: Final = (MAX_RECORD_BYTES - 64 * 1024) // 6 // 2
+# Lone UTF-16 surrogates (half of an emoji split across two streamed chunks,
+# each decoded on its own) cannot be written as UTF-8: each becomes U+FFFD,
+# one character for one, so offsets stay exact.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub_surrogates(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text)
+
+
 # A context tree must fit in a record of its own, beside the envelope.
 MAX_TREE_BYTES: Final = MAX_RECORD_BYTES - 64 * 1024
 
@@ -95,6 +108,9 @@ class InflightMessage:
         """Add to the cumulative token counts (partial_tokens_used)."""
         if self.finished:
             return
+        for n in (input, output):
+            if type(n) is not int:
+                raise TypeError(f"token counts are integers, not {n!r} ({type(n).__name__}); round them first")
         self.tokens["input"] += input
         self.tokens["output"] += output
         self._tokens_dirty = True
@@ -159,14 +175,21 @@ class ThrottledSaver:
         if not events:
             return
         try:
-            for ev in events:
-                self.es.append_nowait(msg.session_id, ev)
+            for i, ev in enumerate(events):
+                try:
+                    self.es.append_nowait(msg.session_id, ev)
+                except UnicodeEncodeError:
+                    events[i] = ev = msgspec.structs.replace(ev, content_delta=scrub_surrogates(ev.content_delta))
+                    self.es.append_nowait(msg.session_id, ev)
         except UnknownSession:
             self._end(msg, "session deleted")
         except SessionReadOnly:
             self._end(msg, "session quarantined")
         except (StoreBroken, StoreClosed) as e:
             self.store_failed(e)
+        except Exception:  # one producer's bad data never stops the saver (nor the process)
+            log.exception("message %s: its progress could not be written; ending it", msg.msg_id)
+            self._end(msg, "unwritable progress")
 
     def _end(self, msg: InflightMessage, reason: str) -> None:
         msg.abort_reason = msg.abort_reason or reason

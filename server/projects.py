@@ -52,6 +52,11 @@ class ProjectRegistry:
         # log is read-only until `sessionlog repair projects`.
         self.damage: CorruptRecord | None = None
 
+    @property
+    def broken(self) -> OSError | None:
+        """The failed write or sync of the project log, or None."""
+        return self._broken
+
     def load_sync(self) -> None:
         folder = os.path.dirname(self.path)
         if not self.fs.exists(folder):

@@ -39,7 +39,7 @@ from projections.session import MessageSnapshot, SessionMeta, SessionState
 
 from .errors import BadRequest, Conflict, NotFound
 from .feed import ChangeFeed
-from .inflight import PROGRESS_INTERVAL, STALL_TIMEOUT, InflightMessage, ThrottledSaver
+from .inflight import PROGRESS_INTERVAL, STALL_TIMEOUT, InflightMessage, ThrottledSaver, scrub_surrogates
 from .projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from .subscriptions import MsgUpdate, Subscription, SubscriptionHub
 from .titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
@@ -136,7 +136,8 @@ class SessionStore:
         self._ckpt_lock = trio.Lock()
         self._snap_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
-        self._unchecked: list[str] = []
+        self._unchecked: dict[str, None] = {}   # sessions whose skipped log prefix is not checked yet
+        self._checking: dict[str, trio.Event] = {}
         self.checked = trio.Event()    # the background check of the skipped log prefixes is done
         self.shutting_down = False
         es.listeners.append(self._on_record)
@@ -364,6 +365,8 @@ class SessionStore:
         return msg_id
 
     async def _append(self, session_id: str, *events: Event) -> list[Appended]:
+        if self._unchecked or self._checking:
+            await self._ensure_checked(session_id)
         try:
             return await self.es.append_many(session_id, events)
         except UnknownSession:
@@ -433,6 +436,17 @@ class SessionStore:
         for msg in [m for (sid, _), m in self.saver.active.items() if sid == session_id]:
             msg.abort_reason = "session deleted"
             msg.scope.cancel()
+        if session_id in self.es and self.es.corruption(session_id) is not None:
+            # A damaged log takes no tombstone: the folder is removed at once
+            # (the user asked). A crash during the removal leaves the session
+            # listed as damaged again, or an orphan folder that verify reports.
+            self.hub.end(session_id, "session deleted")
+            self._states.pop(session_id, None)
+            async with self._snap_lock:
+                await self.es.remove(session_id)
+            self.registry.put(None, session_id)
+            self._notify("session_deleted", {"session_id": session_id})
+            return True
         tomb = await self._append(session_id, SessionDeleted())
         self.hub.end(session_id, "session deleted", seq=tomb[0].record.seq)
         self._states.pop(session_id, None)
@@ -539,7 +553,7 @@ class SessionStore:
             status, reason = "aborted", msg.abort_reason or "server shutdown"
             raise
         except BaseException as e:
-            status, error = "error", f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+            status, error = "error", scrub_surrogates(f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS])
             raise
         finally:
             with trio.CancelScope(shield=True):
@@ -726,7 +740,8 @@ class SessionStore:
         for sid, rec in found.items():
             self.es.register(sid, rec.seq, rec.end, rec.corrupt)
         self.registry = registry
-        self._unchecked = report.tail_replayed
+        if self.config.check_after_start:
+            self._unchecked = dict.fromkeys(report.tail_replayed)
         await trio.to_thread.run_sync(self.projects.load_sync)
         for t in report.torn:
             log.warning("%s", t)
@@ -769,32 +784,57 @@ class SessionStore:
     async def check_logs(self) -> int:
         """The background check: read the part of each log that startup skipped
         (before its checkpoint offset) and quarantine a session damaged there,
-        as a full replay would have. Returns how many were quarantined."""
+        as a full replay would have. A session that is written to before the
+        check reaches it is checked first (`_append`), so no write is
+        acknowledged into a log with damage. Returns how many were quarantined."""
         found = 0
-        todo, self._unchecked = self._unchecked, []
-        for sid in todo:
-            if sid not in self.es or self.es.corruption(sid) is not None:
-                continue
-            end = self.es.durable_end(sid)
-            try:
-                corrupt = await trio.to_thread.run_sync(check_prefix, self.fs, self.root, sid, end)
-            except FileNotFoundError:
-                continue  # deleted meanwhile
-            if corrupt is not None and sid in self.es:
-                self.es.quarantine(sid, corrupt)
-                self.saver.quarantined(sid)
-                found += 1
-                log.error("%s: found by the check after startup; session quarantined (read-only) "
-                          "until `sessionlog repair`", corrupt)
-                self._notify("session_updated", {"id": sid, "damaged": self._damage(sid)})
+        while self._unchecked:
+            found += await self._ensure_checked(next(iter(self._unchecked)))
         return found
+
+    async def _ensure_checked(self, sid: str) -> int:
+        pending = self._checking.get(sid)
+        if pending is not None:
+            await pending.wait()
+            return 0
+        if sid not in self._unchecked:
+            return 0
+        del self._unchecked[sid]
+        done = self._checking[sid] = trio.Event()
+        try:
+            return await self._check_one(sid)
+        finally:
+            del self._checking[sid]
+            done.set()
+
+    async def _check_one(self, sid: str) -> int:
+        if sid not in self.es or self.es.corruption(sid) is not None:
+            return 0
+        end = self.es.durable_end(sid)
+        try:
+            corrupt = await trio.to_thread.run_sync(check_prefix, self.fs, self.root, sid, end)
+        except FileNotFoundError:
+            return 0  # deleted meanwhile
+        if corrupt is None or sid not in self.es:
+            return 0
+        self.es.quarantine(sid, corrupt)
+        self.saver.quarantined(sid)
+        self.hub.end(sid, "session quarantined")
+        log.error("%s: found by the check after startup; session quarantined (read-only) "
+                  "until `sessionlog repair`", corrupt)
+        self._notify("session_updated", {"id": sid, "damaged": self._damage(sid)})
+        return 1
 
     async def _check_loop(self) -> None:
         try:
-            if self.config.check_after_start:
-                await self.check_logs()
+            await self.check_logs()
         finally:
             self.checked.set()
+
+    def failure(self) -> BaseException | None:
+        """Why the store accepts no more writes (a log or the project log
+        failed to write or sync), or None."""
+        return self.es.broken or self.projects.broken
 
     async def abort_running(self, reason: str) -> int:
         """Finalize every running message of this process `aborted` with

@@ -281,13 +281,17 @@ class Server:
 
     async def _run_agent(self, session_id: str, parent_id: str | None,
                          task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        started = False
         try:
             async with self.store.inflight(session_id, kind="llm_reply", parent_id=parent_id) as reply:
                 task_status.started(reply.msg_id)
+                started = True
                 state = await self.store.load_session(session_id)
                 history = [m for m in state.branch() if m.caller is None and m.msg_id != reply.msg_id]
                 await self.agent.respond(self.store, session_id, history, reply)
         except (NotFound, EventStoreError) as e:  # deleted meanwhile, or the store failed
+            if not started:
+                raise  # the requester gets the real error (read_only, store_broken...)
             log.warning("reply in %s ended: %s", session_id, e)
         except Exception:
             log.exception("the agent failed in session %s", session_id)
@@ -605,8 +609,9 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         for x in errors:
             print(f"sessionlog: error: {x}", file=sys.stderr)
         return EXIT_STORE_FAILED if started else EXIT_STARTUP
-    if started and started[0].store.es.broken is not None:
-        print(f"sessionlog: error: the store failed while serving ({started[0].store.es.broken}); "
-              "restart to recover", file=sys.stderr)
+    failure = started[0].store.failure() if started else None
+    if failure is not None:
+        print(f"sessionlog: error: the store failed while serving ({failure}); restart to recover",
+              file=sys.stderr)
         return EXIT_STORE_FAILED
     return EXIT_OK

@@ -52,23 +52,26 @@ async def test_deletes_racing_snapshot_and_checkpoint_writes_never_break_the_sto
     assert (n, problems) == (0, [])
 
 
-async def test_verify_reports_an_orphan_folder_and_a_start_removes_one_holding_only_caches(root):
+async def test_verify_reports_an_orphan_folder_and_a_start_removes_one_holding_only_temp_files(root):
     async with open_session_store(root) as store:
         keep, _ = await store.create_session(first_message="keep me")
     base = os.path.join(root, SESSIONS_DIR)
     os.mkdir(os.path.join(base, "orphan-cache"))
-    with open(os.path.join(base, "orphan-cache", "snapshot.json"), "w") as f:
+    with open(os.path.join(base, "orphan-cache", "snapshot.json.tmp"), "w") as f:
+        f.write("{}")
+    os.mkdir(os.path.join(base, "orphan-snap"))  # a snapshot without its log may be the last copy: kept
+    with open(os.path.join(base, "orphan-snap", "snapshot.json"), "w") as f:
         f.write("{}")
     os.mkdir(os.path.join(base, "orphan-kept"))
     with open(os.path.join(base, "orphan-kept", "log.jsonl.corrupt-1"), "w") as f:
         f.write("damaged bytes someone may want")
     _, problems = verify(OS_FILES, root)
-    assert sorted(p.session_id for p in problems) == ["orphan-cache", "orphan-kept"]
+    assert sorted(p.session_id for p in problems) == ["orphan-cache", "orphan-kept", "orphan-snap"]
     assert all("orphan folder" in p.what for p in problems)
     async with open_session_store(root) as store:
         assert [r["id"] for r in store.list_sessions()[0]] == [keep.id]
         assert store.recovery is not None and any("orphan-kept" in o for o in store.recovery.orphans)
-    assert sorted(os.listdir(base)) == sorted([keep.id, "orphan-kept"])
+    assert sorted(os.listdir(base)) == sorted([keep.id, "orphan-kept", "orphan-snap"])
     assert os.path.exists(os.path.join(base, "orphan-kept", "log.jsonl.corrupt-1"))
 
 
