@@ -99,12 +99,88 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def maintenance_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from projections.maintenance import DAY, MaintenanceConfig
+    return MaintenanceConfig(empty_shell_age=args.empty_shell_age, archive_ttl=args.archive_ttl_days * DAY,
+                             max_sessions=args.max_sessions)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .store import StoreConfig
     from .ws import run_server
-    return run_server(args)
+    return run_server(args, store_config=StoreConfig(maintenance=maintenance_config(args)))
+
+
+def cmd_maintenance(args: argparse.Namespace) -> int:
+    """What the next start's maintenance removes (--dry-run), or run it now."""
+    import time
+
+    from projections.maintenance import plan_maintenance
+    from projections.recovery import recover_registry
+    root = _existing_store(args.root)
+    cfg = maintenance_config(args)
+    if args.dry_run:
+        registry, found, _ = recover_registry(OS_FILES, root, repair=False)
+        healthy = [m for sid, m in registry.rows.items() if found[sid].corrupt is None]
+        plan = plan_maintenance(healthy, time.time(), cfg)
+        for sid, why in plan.removals():
+            meta = registry.rows[sid]
+            print(f"would remove {sid} ({why}): {meta.title or meta.preview or '(untitled)'}")
+        print(plan.summary().replace("removed", "would remove", 1) + " (dry run: nothing changed)")
+        return EXIT_OK
+    import trio
+
+    from .store import StoreConfig, open_session_store
+
+    async def run() -> None:
+        async with open_session_store(root, config=StoreConfig(maintenance=cfg)) as store:
+            for sid, why in store.removed_at_start:
+                print(f"removed {sid} ({why})")
+            print(f"{len(store.removed_at_start)} session(s) removed")
+    trio.run(run)
+    return EXIT_OK
 
 
 PROJECTS_TARGET: Final = "projects"
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        x = float(text)
+    except ValueError:
+        raise SystemExit(f"sessionlog: error: ${name} is {text!r}, not a number") from None
+    if x < 0:
+        raise SystemExit(f"sessionlog: error: ${name} must not be negative")
+    return x
+
+
+def _non_negative(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative (0 turns the rule off)")
+    return x
+
+
+def _retention(p: argparse.ArgumentParser) -> None:
+    """The spec's retention rules (startup maintenance); each 0 = off."""
+    p.add_argument("--empty-shell-age", type=_non_negative, metavar="SECONDS",
+                   default=_env_number("SESSIONLOG_EMPTY_SHELL_AGE", 3600),
+                   help="remove sessions with no message older than this (default 3600, "
+                        "$SESSIONLOG_EMPTY_SHELL_AGE; 0: never)")
+    p.add_argument("--archive-ttl-days", type=_non_negative, metavar="DAYS",
+                   default=_env_number("SESSIONLOG_ARCHIVE_TTL_DAYS", 90),
+                   help="remove archived sessions not updated for this long (default 90, "
+                        "$SESSIONLOG_ARCHIVE_TTL_DAYS; 0: never)")
+    p.add_argument("--max-sessions", type=lambda t: int(_non_negative(t)), metavar="N",
+                   default=int(_env_number("SESSIONLOG_MAX_SESSIONS", 1000)),
+                   help="cap the registry, removing the oldest archived sessions first (default 1000, "
+                        "$SESSIONLOG_MAX_SESSIONS; 0: no cap)")
 
 
 def _port(text: str) -> int:
@@ -151,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an extra allowed Origin (repeatable); the server's own origin is always allowed")
     s.add_argument("--agent-speed", type=float, default=30.0,
                    help="demo agent tokens per second (default 30)")
+    _retention(s)
     s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",
                    help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway "
                         "with code 4 (default 10)")
@@ -170,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("session_id")
     i.add_argument("--after", type=int, default=0, metavar="SEQ", help="only records with seq > SEQ")
     i.set_defaults(func=cmd_inspect)
+
+    m = sub.add_parser("maintenance", help="the spec's retention: with --dry-run, print what the next start "
+                                          "would remove; without, run it now (stop the server first)")
+    m.add_argument("--root", default=default_root(), help=root_help)
+    m.add_argument("--dry-run", action="store_true", help="print what would be removed; change nothing")
+    _retention(m)
+    m.set_defaults(func=cmd_maintenance)
 
     f = sub.add_parser("repair", help="cut a quarantined session's log (or the project log: `repair projects`) "
                                       "back to its last good record")

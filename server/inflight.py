@@ -55,7 +55,7 @@ MAX_TREE_BYTES: Final = MAX_RECORD_BYTES - 64 * 1024
 class InflightMessage:
     """The live handle of one running message."""
 
-    __slots__ = ("session_id", "msg_id", "kind", "role", "parent_id", "length", "_pending",
+    __slots__ = ("session_id", "msg_id", "kind", "role", "parent_id", "caller", "started_at", "length", "_pending",
                  "_pending_offset", "_tree", "_tree_bytes", "_tree_dirty", "tokens", "_tokens_dirty",
                  "last_activity", "scope", "abort_reason", "finished", "_saver")
 
@@ -67,6 +67,8 @@ class InflightMessage:
         self.kind = kind
         self.role = role
         self.parent_id = parent_id
+        self.caller: str | None = None
+        self.started_at = 0.0
         self.length = 0                 # characters written so far
         self._pending: list[str] = []   # written, not yet in a record
         self._pending_offset = 0        # where _pending starts

@@ -17,7 +17,7 @@ from eventstore.fsio import FileOps
 from eventstore.log import PROJECTS_DIR, append_durable, project_log_path, repair_torn_tail, scan
 from eventstore.record import encode_record
 
-from .errors import BadRequest, NotFound
+from .errors import BadRequest, Conflict, NotFound
 
 DEFAULT_PROJECT_ID: Final = "default"
 
@@ -139,7 +139,12 @@ class ProjectRegistry:
         if p.is_default:
             raise BadRequest("default_project", "the default project cannot be relocated: "
                              "its path is the home directory")
+        if os.path.isdir(p.path):
+            raise Conflict("project_not_missing", f"project {project_id!r} still has its folder; relocation "
+                           "only repairs a project whose folder is missing")
         new = _checked_dir(path)
+        if any(q.path == new for q in self._projects.values()) or new == self.home:
+            raise Conflict("path_in_use", "another project already points at that folder")
         await self._append(ProjectMoved(project_id=project_id, old_path=p.path, path=new))
         return p.path, new
 

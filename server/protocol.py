@@ -47,6 +47,17 @@ class CreateSession(Action, tag="create_session", kw_only=True):
 
 class LoadSession(Action, tag="load_session", kw_only=True):
     session_id: Sid
+    # Read the branch through this message (to its tip) without switching to it.
+    msg_id: Sid | None = None
+
+
+class SwitchBranch(Action, tag="switch_branch", kw_only=True):
+    session_id: Sid
+    msg_id: Sid
+
+
+class ListRunning(Action, tag="list_running", kw_only=True):
+    pass
 
 
 class Chat(Action, tag="chat", kw_only=True):
@@ -54,6 +65,9 @@ class Chat(Action, tag="chat", kw_only=True):
     content: str
     project_id: Short | None = None
     agent_id: Short | None = None
+    # Where a new session comes from (a channel: "wechat", "discord"...); only
+    # with no session_id: the session is born with its first message, one write.
+    source: Short | None = None
 
 
 class SubscribeMsg(Action, tag="subscribe_msg", kw_only=True):
@@ -124,8 +138,8 @@ class RelocateProject(Action, tag="relocate_project", kw_only=True):
 
 
 ClientAction = (ListSessions | CreateSession | LoadSession | Chat | SubscribeMsg | UnsubscribeMsg | Stop
-                | Retry | RenameSession | SetArchived | SetPinned | SetUnread | DeleteSession
-                | SetSessionProject | ListProjects | CreateProject | RelocateProject)
+                | Retry | SwitchBranch | RenameSession | SetArchived | SetPinned | SetUnread | DeleteSession
+                | SetSessionProject | ListProjects | CreateProject | RelocateProject | ListRunning)
 
 ACTIONS: Final = frozenset(c.__struct_config__.tag for c in ClientAction.__args__)  # type: ignore[attr-defined]
 
@@ -168,9 +182,12 @@ ERROR_CODES: Final = {
     "unknown_session": "no such session (or it was deleted)",
     "unknown_message": "no such message in that session",
     "unknown_project": "no such project",
-    "session_exists": "a session with that id exists already",
     "project_frozen": "project is frozen after the first turn",
     "default_project": "the default project cannot be relocated",
+    "project_not_missing": "relocate_project only repairs a project whose folder is missing",
+    "path_in_use": "another project already points at that folder",
+    "project_not_bound": "relocate_project named a session that is not bound to that project",
+    "not_conversational": "switch_branch named a tool call or relocation node, which is on no branch",
     "not_running": "stop named a message that is not running here",
     "message_running": "retry named a message that is still running",
     "not_retryable": "retry named a message that is not an assistant reply",

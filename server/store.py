@@ -25,7 +25,7 @@ import trio
 
 from eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists, StoreBroken,
                         SyncMode, UnknownSession, new_session_id, open_event_store, validate_session_id)
-from eventstore.events import (Event, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
+from eventstore.events import (Event, HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
                                SessionRenamed)
 from eventstore.log import read_log, scan
@@ -172,7 +172,8 @@ class SessionStore:
             if not isinstance(ev, MessageFinalized) and state is not None and self.watchers:
                 node = state.messages.get(ev.msg_id if isinstance(ev, MessageCreated) else ev.node_id)
                 if node is not None:
-                    self._notify("message_created", {"session_id": sid, "message": node})
+                    self._notify("message_created", {"session_id": sid, "message": node,
+                                                     "siblings": state.siblings(node.msg_id)})
         if isinstance(ev, MessageFinalized) and self.hub.wants(sid, ev.msg_id):
             m = state.messages.get(ev.msg_id) if state is not None else None
             content = m.content if m is not None else (ev.content or "")
@@ -475,6 +476,14 @@ class SessionStore:
 
     # -- projects ---------------------------------------------------------
 
+    def list_running(self) -> list[dict[str, Any]]:
+        """Every message running in this process, across sessions, oldest first:
+        session, message, kind, role, caller, started_at and its length so far."""
+        out = [{"session_id": m.session_id, "msg_id": m.msg_id, "kind": m.kind, "role": m.role,
+                "caller": m.caller, "started_at": m.started_at, "length": m.length}
+               for m in self.saver.active.values() if not m.finished]
+        return sorted(out, key=lambda r: r["started_at"])
+
     def list_projects(self) -> list[ProjectView]:
         return self.projects.list()
 
@@ -505,7 +514,10 @@ class SessionStore:
         """Repair a moved project folder: validate the new directory, rewrite the
         project's path (its id kept, every bound session follows) and record a
         relocation node in the session's graph that never moves head."""
-        self.get_meta(session_id)
+        meta = self.get_meta(session_id)
+        if (meta.project_id or DEFAULT_PROJECT_ID) != project_id:
+            raise Conflict("project_not_bound", f"session {session_id} is not bound to project {project_id!r}; "
+                           "relocate it from a session of that project")
         old, new = await self.projects.relocate(project_id, path)
         node_id = new_session_id()
         await self._append(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,
@@ -538,6 +550,7 @@ class SessionStore:
         if state.meta is not None and state.meta.status != "running":
             events.append(SessionFlags(status="running"))
         msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent)
+        msg.caller, msg.started_at = caller, placeholder.started_at or 0.0
         with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
             await self._append(session_id, *events)
         # Live (stoppable, watched) only once its placeholder is durable.
@@ -619,6 +632,23 @@ class SessionStore:
         if m.role != "assistant" or m.caller is not None:
             raise Conflict("not_retryable", f"message {msg_id} is not an assistant reply")
         return m
+
+    async def switch_branch(self, session_id: str, msg_id: str) -> str:
+        """Show the branch through `msg_id` (a sibling a retry or regenerate
+        made, or any conversational message): head moves to the tip that branch
+        had when it was last shown (`SessionState.leaf_of`), durably. Returns
+        the new head; every client watching the session is told (`head_moved`)."""
+        state = await self.load_session(session_id)
+        m = state.messages.get(msg_id)
+        if m is None:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        if m.caller is not None:
+            raise BadRequest("not_conversational", f"message {msg_id} is a {m.kind} node, not on a branch")
+        head = state.leaf_of(msg_id)
+        if head != state.head:
+            appended = await self._append(session_id, HeadMoved(head=head))
+            self._notify("head_moved", {"session_id": session_id, "head": head, "seq": appended[0].record.seq})
+        return head
 
     @asynccontextmanager
     async def retry(self, session_id: str, msg_id: str) -> AsyncIterator[InflightMessage]:
@@ -776,9 +806,8 @@ class SessionStore:
             if self.es.corruption(sid) is None:
                 await self.delete_session(sid)
                 self.removed_at_start.append((sid, why))
-                log.info("removed session %s at startup: %s", sid, why)
-        if self.aborted_at_start:
-            log.info("aborted %d message(s) left running by a dead writer", len(self.aborted_at_start))
+                log.debug("removed session %s at startup: %s", sid, why)
+        log.info("%s", plan.summary(len(self.aborted_at_start)))
         await self._cache_write(self.write_checkpoint)
 
     async def check_logs(self) -> int:

@@ -19,7 +19,7 @@ import trio
 SUBSCRIBER_QUEUE: Final = 256
 
 
-class MsgUpdate(msgspec.Struct, frozen=True, kw_only=True):
+class MsgUpdate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One update of a message: `content_delta` starts at character `offset`
     of the message's content; `durable_seq` is the session's highest seq that
     would survive a crash when this was sent."""

@@ -260,13 +260,20 @@ class Server:
             self.broadcast(p.encode_frame("session_deleted", data))
         elif kind == "session_created":
             self.broadcast(p.encode_frame("session_created", data))
-        elif kind == "message_created":
+        elif kind in ("message_created", "head_moved"):
             sid = data["session_id"]
             watching = [c for c in self.connections if sid in c.watching]
-            if watching:
-                frame = p.encode_frame("message_created", {"session_id": sid, "message": p.to_wire(data["message"])})
-                for conn in watching:
-                    conn.send_nowait(frame)
+            if not watching:
+                return
+            if kind == "message_created":
+                message = p.to_wire(data["message"])
+                if message["caller"] is None:
+                    message["siblings"] = data["siblings"]
+                frame = p.encode_frame("message_created", {"session_id": sid, "message": message})
+            else:
+                frame = p.encode_frame("head_moved", data)
+            for conn in watching:
+                conn.send_nowait(frame)
 
     def projects_frame(self) -> str:
         return p.encode_frame("projects_list", {"projects": p.to_wire(self.store.list_projects())})
@@ -412,12 +419,22 @@ class Connection:
                 meta, _ = await store.create_session(agent_id=r.agent_id, source=r.source, title=r.title,
                                                      project_id=r.project_id)
                 self.reply("session_created", {"session": store.get_row(meta.id)}, rid)
-            case p.LoadSession(session_id=sid):
+            case p.LoadSession(session_id=sid, msg_id=through):
                 state = await store.load_session(sid)
+                head = None
+                if through is not None:
+                    if through not in state.messages:
+                        raise NotFound("unknown_message", f"unknown message {through!r}")
+                    head = state.leaf_of(through)
                 if len(self.watching) >= MAX_SUBSCRIPTIONS:
                     self.watching.pop()
                 self.watching.add(sid)
-                self.reply("session_loaded", self.session_payload(sid, state), rid)
+                self.reply("session_loaded", self.session_payload(sid, state, head), rid)
+            case p.SwitchBranch(session_id=sid, msg_id=mid):
+                head = await store.switch_branch(sid, mid)
+                self.reply("ok", {"action": "switch_branch", "session_id": sid, "head": head}, rid)
+            case p.ListRunning():
+                self.reply("running_list", {"running": store.list_running()}, rid)
             case p.Chat() as r:
                 await self.chat(r)
             case p.SubscribeMsg() as r:
@@ -472,9 +489,16 @@ class Connection:
     async def _update(self, sid: str, **fields: Any) -> dict[str, Any]:
         return await self.store.update_session(sid, **fields)
 
-    def session_payload(self, sid: str, state: SessionState) -> dict[str, Any]:
-        return {"session": self.store.get_row(sid), "messages": p.to_wire(state.branch()), "seq": state.seq,
-                "durable_seq": self.store.es.durable_seq(sid)}
+    def session_payload(self, sid: str, state: SessionState, head: str | None = None) -> dict[str, Any]:
+        """A session and one branch of its messages (the current one, or the one
+        ending at `head`); each conversational message carries `siblings`: the
+        ids sharing its parent, in creation order ("‹ 2/3 ›")."""
+        messages = p.to_wire(state.branch(head))
+        for m in messages:
+            if m["caller"] is None:
+                m["siblings"] = state.siblings(m["msg_id"])
+        return {"session": self.store.get_row(sid), "messages": messages, "head": head or state.head,
+                "seq": state.seq, "durable_seq": self.store.es.durable_seq(sid)}
 
     async def chat(self, r: p.Chat) -> None:
         store = self.store
@@ -482,7 +506,7 @@ class Connection:
             raise ServiceError("bad_field", "a chat message must not be empty")
         if r.session_id is None:
             meta, msg_id = await store.create_session(agent_id=r.agent_id or "default", project_id=r.project_id,
-                                                      first_message=r.content)
+                                                      source=r.source or "web", first_message=r.content)
             sid = meta.id
         else:
             sid = r.session_id

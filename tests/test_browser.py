@@ -248,3 +248,49 @@ def test_project_chip_states(serve, browser, tmp_path):
     page.wait_for_selector("#project-chip:not(.missing)")
     page.wait_for_selector(".block.relocate")
     assert str(moved) in page.locator("#project-chip").inner_text()
+
+
+def test_a_reconnecting_page_asks_only_for_what_it_missed(serve, browser):
+    """The session list resumes exactly (issue 13, item 9): after its socket
+    drops, the page sends `list_sessions` with `since` and ends with the rows a
+    fresh list gives, deletes and renames made while it was away included."""
+    import trio
+
+    from server.client import open_client
+
+    async def changes(make: bool) -> list[str]:
+        async with open_client("127.0.0.1", serve.port, TOKEN) as c:
+            if make:
+                ids = [(await c.request("create_session", title=f"s{k}"))["session"]["id"] for k in range(3)]
+                return ids
+            listed = await c.request("list_sessions", include_archived=True)
+            return [r["id"] for r in listed["rows"]]
+    ids = trio.run(changes, True)
+    page = open_page(browser, serve.url)
+    for sid in ids:
+        page.wait_for_selector(f'#sessions li[data-id="{sid}"]')
+    page.evaluate("""() => {
+        const orig = WebSocket.prototype.send;
+        window.sent = [];
+        WebSocket.prototype.send = function (d) { window.sent.push(d); return orig.call(this, d); };
+        window.sessionlog.backoff = 3000;
+        window.sessionlog.ws.close();
+    }""")
+    page.wait_for_selector(".conn.offline")
+
+    async def while_away() -> None:
+        async with open_client("127.0.0.1", serve.port, TOKEN) as c:
+            await c.request("rename_session", session_id=ids[0], title="renamed while away")
+            await c.request("delete_session", session_id=ids[1])
+            await c.request("create_session", title="made while away")
+    trio.run(while_away)
+    page.wait_for_selector(".conn.online", timeout=20_000)
+    page.wait_for_selector(f'#sessions li[data-id="{ids[1]}"]', state="detached")
+    page.wait_for_function(f'document.querySelector(\'#sessions li[data-id="{ids[0]}"]\')'
+                           '.innerText.includes("renamed while away")')
+    sent = page.evaluate("window.sent")
+    assert any('"since"' in s for s in sent), sent
+    fresh = trio.run(changes, False)
+    shown = page.evaluate("[...window.sessionlog.sessions.keys()]")
+    assert sorted(shown) == sorted(fresh)
+    assert not page.errors

@@ -376,23 +376,45 @@ async def test_projects_default_binding_freeze_and_relocation(store, tmp_path):
 
 
 async def test_bad_project_calls_change_nothing(store, tmp_path):
+    """Relocation only repairs (spec): a healthy project, a folder another
+    project has, a session not bound to the project are refused, each with its
+    own code, and nothing is written."""
     d = tmp_path / "p"
     d.mkdir()
+    other = tmp_path / "q"
+    other.mkdir()
     (tmp_path / "file").write_text("x")
     p = await store.create_project("p", str(d))
-    meta, _ = await store.create_session()
+    q = await store.create_project("q", str(other))
+    meta, _ = await store.create_session(project_id=p.id)
+    unbound, _ = await store.create_session()
+    spare = tmp_path / "spare"
+    spare.mkdir()
     before = log_bytes(store)
+    with pytest.raises(Conflict) as e:
+        await store.relocate_project(meta.id, p.id, str(spare))
+    assert e.value.code == "project_not_missing"
+    d.rename(tmp_path / "gone")
     with pytest.raises(BadRequest, match="does not exist"):
         await store.relocate_project(meta.id, p.id, str(tmp_path / "missing"))
     with pytest.raises(BadRequest, match="not a directory"):
         await store.relocate_project(meta.id, p.id, str(tmp_path / "file"))
+    with pytest.raises(Conflict) as e:
+        await store.relocate_project(meta.id, p.id, str(other))
+    assert e.value.code == "path_in_use"
+    with pytest.raises(Conflict) as e:
+        await store.relocate_project(unbound.id, p.id, str(spare))
+    assert e.value.code == "project_not_bound"
     with pytest.raises(BadRequest, match="default project"):
-        await store.relocate_project(meta.id, "default", str(d))
+        await store.relocate_project(unbound.id, "default", str(spare))
     with pytest.raises(NotFound):
         await store.set_session_project(meta.id, "p-nosuch")
     with pytest.raises(NotFound):
-        await store.relocate_project("nosuch", p.id, str(d))
+        await store.relocate_project("nosuch", p.id, str(spare))
     assert log_bytes(store) == before
+    assert q.id in [x.id for x in store.list_projects()]
+    out = await store.relocate_project(meta.id, p.id, str(spare))  # the repair itself still works
+    assert out["path"] == str(spare)
 
 
 async def test_projects_survive_a_restart(root, tmp_path):

@@ -57,13 +57,15 @@ function onFrame(f) {
     else waiter.resolve(f.data);
     return;
   }
+  if (f.data && typeof f.data.rev === "string") state.rev = f.data.rev;  // the session list's position
   switch (f.type) {
     case "msg_update": return patch(f.data);
     case "message_created": return addMessage(f.data.session_id, f.data.message);
     case "session_created": state.sessions.set(f.data.session.id, f.data.session); return renderSidebar();
     case "session_updated": {
       const row = state.sessions.get(f.data.id);
-      if (row) Object.assign(row, f.data);
+      const { rev, ...fields } = f.data;
+      if (row) Object.assign(row, fields);
       renderSidebar();
       if (f.data.id === state.current) renderHeader();
       return;
@@ -72,6 +74,9 @@ function onFrame(f) {
       state.sessions.delete(f.data.session_id);
       if (f.data.session_id === state.current) openDraft();
       return renderSidebar();
+    case "head_moved":  // another tab switched branches: show the same branch here
+      if (f.data.session_id === state.current) openSession(state.current, { keep: true });
+      return;
     case "projects_list": state.projects = f.data.projects; return renderProject();
     case "error": return showError(f.data.message);
   }
@@ -79,8 +84,16 @@ function onFrame(f) {
 
 async function rejoinAll() {
   try {
-    const list = await request("list_sessions", { include_archived: true, limit: 1000 });
-    state.sessions = new Map(list.rows.map((r) => [r.id, r]));
+    // After a reconnect, ask only for what changed while away (exact resume of
+    // the list); the server answers with a full list when it cannot.
+    const list = await request("list_sessions", state.rev ? { include_archived: true, limit: 1000, since: state.rev }
+                                                          : { include_archived: true, limit: 1000 });
+    if (list.changes) {
+      for (const ch of list.changes) onFrame(ch);
+    } else {
+      state.sessions = new Map(list.rows.map((r) => [r.id, r]));
+    }
+    state.rev = list.rev;
     renderSidebar();
     state.projects = (await request("list_projects")).projects;
     renderProject();
