@@ -14,6 +14,7 @@ from eventstore.fsio import OS_FILES
 from eventstore.log import read_log, scan
 from projections.registry import ROW_FIELDS
 from server.client import Client, ServerError
+from server.store import StoreConfig
 
 from .conftest import run_cli
 from .test_ws import start_server
@@ -276,3 +277,57 @@ def test_maintenance_dry_run_and_retention_flags(root):
     assert not os.path.exists(os.path.join(root, "sessions", shell))
     r = run_cli("serve", "--root", root, "--max-sessions", "-1")
     assert r.returncode == 2 and "must not be negative" in r.stderr
+
+
+async def test_every_subscription_ends_when_the_store_fails(root):
+    import errno
+
+    from eventstore import StoreBroken
+    from server.store import open_session_store
+
+    from .test_faults import FaultyFS
+    fs = FaultyFS("write", errno.EIO, permanent=True)
+    async with open_session_store(root, fs=fs, config=StoreConfig(progress_interval=0.01)) as store:
+        meta, _ = await store.create_session(first_message="x")
+        async with trio.open_nursery() as n:
+            ready = trio.Event()
+            holder = {}
+
+            async def produce() -> None:
+                try:
+                    async with store.inflight(meta.id) as msg:
+                        holder["msg"] = msg
+                        ready.set()
+                        while True:
+                            msg.write("y")
+                            await trio.sleep(0.005)
+                except StoreBroken:
+                    pass
+            n.start_soon(produce)
+            await ready.wait()
+            sub = await store.subscribe(meta.id, holder["msg"].msg_id)
+            fs.armed = True  # the next batch's write fails: the store breaks
+            updates = []
+            with trio.fail_after(10):
+                async for u in sub:
+                    updates.append(u)
+        assert updates[-1].status == "aborted" and updates[-1].aborted_reason == "store failure"
+        assert store.hub.count() == 0
+
+
+async def test_startup_logs_one_summary_line_of_maintenance(root, caplog):
+    import logging
+
+    from projections.maintenance import MaintenanceConfig
+    from server.store import open_session_store
+    async with open_session_store(root) as store:
+        await store.create_session()
+        await store.create_session()
+    caplog.set_level(logging.INFO, logger="sessionlog")
+    await trio.sleep(0.02)
+    cfg = StoreConfig(maintenance=MaintenanceConfig(empty_shell_age=0.01))
+    async with open_session_store(root, config=cfg) as store:
+        assert len(store.removed_at_start) == 2
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maintenance:")]
+    assert lines == ["maintenance: removed 2 empty shell(s), 0 expired archive(s), 0 archived session(s) "
+                     "over the cap; 0 session(s) back to idle, 0 message(s) aborted"]
