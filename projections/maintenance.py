@@ -29,7 +29,7 @@ class MaintenancePlan:
     def summary(self, aborted: int = 0) -> str:
         """One line: what maintenance does (or would do) and why."""
         return (f"maintenance: removed {len(self.empty_shells)} empty shell(s), {len(self.expired_archives)} "
-                f"expired archive(s), {len(self.over_capacity)} archived session(s) over the cap; "
+                f"expired archive(s), {len(self.over_capacity)} archived session(s) over capacity; "
                 f"{len(self.to_idle)} session(s) back to idle, {aborted} message(s) aborted")
 
     def removals(self) -> list[tuple[str, str]]:

@@ -144,27 +144,29 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
 PROJECTS_TARGET: Final = "projects"
 
 
+def _number(text: str, *, low: float, high: float, what: str, open_low: bool = False) -> float:
+    """An option's number, or an argparse error saying what is wrong with it."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (low < x if open_low else low <= x) or not x < high:
+        raise argparse.ArgumentTypeError(f"{text} is not {what}")
+    return x
+
+
+def _non_negative(text: str) -> float:
+    return _number(text, low=0, high=float("inf"), what="allowed: it must not be negative (0 turns the rule off)")
+
+
 def _env_number(name: str, default: float) -> float:
     text = os.environ.get(name)
     if text is None:
         return default
     try:
-        x = float(text)
-    except ValueError:
-        raise SystemExit(f"sessionlog: error: ${name} is {text!r}, not a number") from None
-    if x < 0:
-        raise SystemExit(f"sessionlog: error: ${name} must not be negative")
-    return x
-
-
-def _non_negative(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"{text} must not be negative (0 turns the rule off)")
-    return x
+        return _non_negative(text)
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"sessionlog: error: ${name}: {e}") from None
 
 
 def _retention(p: argparse.ArgumentParser) -> None:
@@ -194,13 +196,7 @@ def _port(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < x < 86400:
-        raise argparse.ArgumentTypeError(f"{text} is not a duration in seconds (0 < s < 86400)")
-    return x
+    return _number(text, low=0, high=86400, open_low=True, what="a duration in seconds (0 < s < 86400)")
 
 
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -14,7 +14,7 @@ import trio
 from eventstore.errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
 from eventstore.events import ProjectCreated, ProjectMoved
 from eventstore.fsio import FileOps
-from eventstore.log import PROJECTS_DIR, append_durable, project_log_path, repair_torn_tail, scan
+from eventstore.log import append_durable, project_log_path, repair_torn_tail, scan
 from eventstore.record import encode_record
 
 from .errors import BadRequest, Conflict, NotFound

@@ -597,10 +597,7 @@ class SessionStore:
                                reason: str | None = None) -> None:
         """Finalize a message that has no live producer in this process (a
         placeholder created elsewhere). Illegal transitions raise and change nothing."""
-        state = await self.load_session(session_id)
-        m = state.messages.get(msg_id)
-        if m is None:
-            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        state, m = await self._message(session_id, msg_id)
         check_move(msg_id, m.status, status)
         live = self.saver.active.get((session_id, msg_id))
         if live is not None:
@@ -620,13 +617,18 @@ class SessionStore:
         msg.scope.cancel()
         return True
 
-    async def retry_target(self, session_id: str, msg_id: str) -> MessageSnapshot:
-        """The message to retry (a finished conversational reply); the retry runs
-        as a new in-flight message with the same parent (a sibling branch)."""
+    async def _message(self, session_id: str, msg_id: str) -> tuple[SessionState, MessageSnapshot]:
+        """A loaded session and one of its messages (NotFound when unknown)."""
         state = await self.load_session(session_id)
         m = state.messages.get(msg_id)
         if m is None:
             raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        return state, m
+
+    async def retry_target(self, session_id: str, msg_id: str) -> MessageSnapshot:
+        """The message to retry (a finished conversational reply); the retry runs
+        as a new in-flight message with the same parent (a sibling branch)."""
+        state, m = await self._message(session_id, msg_id)
         if m.status not in TERMINAL_STATUSES:
             raise Conflict("message_running", f"message {msg_id} is still {m.status}")
         if m.role != "assistant" or m.caller is not None:
@@ -638,10 +640,7 @@ class SessionStore:
         made, or any conversational message): head moves to the tip that branch
         had when it was last shown (`SessionState.leaf_of`), durably. Returns
         the new head; every client watching the session is told (`head_moved`)."""
-        state = await self.load_session(session_id)
-        m = state.messages.get(msg_id)
-        if m is None:
-            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        state, m = await self._message(session_id, msg_id)
         if m.caller is not None:
             raise BadRequest("not_conversational", f"message {msg_id} is a {m.kind} node, not on a branch")
         head = state.leaf_of(msg_id)

@@ -330,4 +330,4 @@ async def test_startup_logs_one_summary_line_of_maintenance(root, caplog):
         assert len(store.removed_at_start) == 2
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maintenance:")]
     assert lines == ["maintenance: removed 2 empty shell(s), 0 expired archive(s), 0 archived session(s) "
-                     "over the cap; 0 session(s) back to idle, 0 message(s) aborted"]
+                     "over capacity; 0 session(s) back to idle, 0 message(s) aborted"]

@@ -12,7 +12,6 @@ import pytest
 import trio
 
 from eventstore.errors import SessionReadOnly
-from eventstore.fsio import OS_FILES
 from eventstore.log import SESSIONS_DIR, log_path
 from projections.checkpoint import snapshot_path
 from server.client import ServerError, open_client

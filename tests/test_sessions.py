@@ -440,7 +440,7 @@ async def test_startup_maintenance_in_the_spec_order(root, caplog):
             keep_archived.append(m.id)
         active, _ = await store.create_session(first_message="active")
         await store.update_session(active.id, status="running")
-    cfg = StoreConfig(maintenance=MaintenanceConfig(empty_shell_age=-1, archive_ttl=3600, max_sessions=3))
+    cfg = StoreConfig(maintenance=MaintenanceConfig(empty_shell_age=1e-9, archive_ttl=3600, max_sessions=3))
     caplog.set_level(logging.INFO, "sessionlog")
     async with open_session_store(root, config=cfg) as store:
         removed = dict(store.removed_at_start)
@@ -450,7 +450,7 @@ async def test_startup_maintenance_in_the_spec_order(root, caplog):
         assert [s for s, why in store.removed_at_start if why == "over capacity"] == [old_archive.id, keep_archived[0]]
         assert len(store.registry) == 3
     assert "empty shell" in caplog.text and "over capacity" in caplog.text
-    cfg = StoreConfig(maintenance=MaintenanceConfig(archive_ttl=-1))
+    cfg = StoreConfig(maintenance=MaintenanceConfig(archive_ttl=1e-9))
     async with open_session_store(root, config=cfg) as store:
         assert sorted(s for s, why in store.removed_at_start if why == "archive expired") == sorted(keep_archived[1:])
         assert [r["id"] for r in store.list_sessions(include_archived=True)[0]] == [active.id]
