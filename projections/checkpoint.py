@@ -106,6 +106,20 @@ def write_snapshot(fs: FileOps, root: str, session_id: str, data: bytes) -> None
     atomic_write(fs, snapshot_path(root, session_id), data)
 
 
+class _Versioned(msgspec.Struct):
+    version: int = 0
+
+
+def snapshot_is_older_format(fs: FileOps, root: str, session_id: str) -> bool:
+    """Is the session's snapshot a readable file of an older format (ignored by
+    loads, rewritten at the session's next change or by `rebuild`)?"""
+    try:
+        return msgspec.json.decode(fs.read_bytes(snapshot_path(root, session_id)), type=_Versioned).version \
+            < SNAPSHOT_VERSION
+    except (OSError, msgspec.DecodeError):
+        return False
+
+
 def read_snapshot(fs: FileOps, root: str, session_id: str) -> SessionSnapshot | None:
     """The session's snapshot, or None when missing or unreadable (a full replay follows)."""
     path = snapshot_path(root, session_id)

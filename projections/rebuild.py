@@ -22,7 +22,8 @@ from eventstore.log import LOG_NAME, log_path, project_log_path, read_log, scan,
 from eventstore.record import Record
 
 from .checkpoint import (IndexCheckpoint, SessionEntry, SessionSnapshot, encode_index, encode_snapshot,
-                         index_path, read_index, read_snapshot, snapshot_path, write_index, write_snapshot)
+                         index_path, read_index, read_snapshot, snapshot_is_older_format, snapshot_path,
+                         write_index, write_snapshot)
 from .recovery import fold_until, load_session_state, recover_registry
 from .session import SessionState
 
@@ -114,7 +115,7 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
         if fs.exists(snapshot_path(root, sid) + ".tmp"):
             problems.append(Problem(sid, None, "snapshot.json.tmp: a left-over temp file (the next start removes it)"))
         snap = read_snapshot(fs, root, sid)
-        if snap is None and fs.exists(snapshot_path(root, sid)):
+        if snap is None and fs.exists(snapshot_path(root, sid)) and not snapshot_is_older_format(fs, root, sid):
             problems.append(Problem(sid, None, "snapshot.json is unreadable"))
         elif snap is not None:
             if snap.seq > last or snap.end > s.good_end:

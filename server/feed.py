@@ -38,7 +38,7 @@ class ChangeFeed:
         """The changes after `position`, oldest first, or None when they are not
         all known (another epoch, a malformed position, or older than the history)."""
         epoch, _, rev_text = position.partition(":")
-        if epoch != self.epoch or not rev_text.isdigit():
+        if epoch != self.epoch or not (rev_text.isascii() and rev_text.isdigit()):
             return None
         rev = int(rev_text)
         if rev > self.rev:

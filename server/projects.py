@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -109,8 +110,13 @@ class ProjectRegistry:
         p = self.get(project_id or DEFAULT_PROJECT_ID)
         return p.path if os.path.isdir(p.path) else None
 
-    async def _append(self, ev: ProjectCreated | ProjectMoved) -> None:
+    async def _append(self, ev: ProjectCreated | ProjectMoved,
+                      check: Callable[[], None] | None = None) -> None:
+        """Append one record durably. `check` runs under the log's lock just
+        before the write (a check that must not race another writer)."""
         async with self._lock:
+            if check is not None:
+                check()
             if self.damage is not None:
                 raise SessionReadOnly(f"the project log is damaged ({self.damage}); projects are read-only "
                                       "until `sessionlog repair projects`")
@@ -143,9 +149,11 @@ class ProjectRegistry:
             raise Conflict("project_not_missing", f"project {project_id!r} still has its folder; relocation "
                            "only repairs a project whose folder is missing")
         new = _checked_dir(path)
-        if any(q.path == new for q in self._projects.values()) or new == self.home:
-            raise Conflict("path_in_use", "another project already points at that folder")
-        await self._append(ProjectMoved(project_id=project_id, old_path=p.path, path=new))
+
+        def free() -> None:  # under the lock: two relocations cannot both take one folder
+            if any(q.path == new for q in self._projects.values()) or new == os.path.realpath(self.home):
+                raise Conflict("path_in_use", "another project already points at that folder")
+        await self._append(ProjectMoved(project_id=project_id, old_path=p.path, path=new), check=free)
         return p.path, new
 
 

@@ -23,7 +23,8 @@ from typing import Any, Literal
 import msgspec
 import trio
 
-from eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists, StoreBroken,
+from eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists,
+                        SessionReadOnly, StoreBroken,
                         SyncMode, UnknownSession, new_session_id, open_event_store, validate_session_id)
 from eventstore.events import (Event, HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
@@ -32,7 +33,7 @@ from eventstore.log import read_log, scan
 from projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index, encode_snapshot,
                                     write_index, write_snapshot)
 from projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
-from projections.maintenance import MaintenanceConfig, plan_maintenance
+from projections.maintenance import MaintenanceConfig, MaintenancePlan, plan_maintenance
 from projections.recovery import RecoveryReport, check_prefix, fold_until, load_session_state, recover_registry
 from projections.registry import InvalidFilter, Registry
 from projections.session import MessageSnapshot, SessionMeta, SessionState
@@ -99,6 +100,7 @@ def row_of(meta: SessionMeta, project: ProjectView | None, damaged: str | None =
     del row["open_msgs"]
     if damaged is not None:
         row["damaged"] = damaged
+        row["status"] = "idle"  # a damaged session is never written to: nothing runs in it
     row["project"] = None if project is None else {
         "id": project.id, "name": project.name, "path": project.path, "path_missing": project.path_missing}
     return row
@@ -323,7 +325,8 @@ class SessionStore:
         now = time.time()
         # A title given at creation is the user's title: auto-naming leaves it alone.
         events: list[Event] = [SessionCreated(session_id=sid, agent_id=agent_id, source=source, title=title,
-                                              project_id=project_id, created_at=now, user_titled=bool(title))]
+                                              project_id=project_id, created_at=now,
+                                              user_titled=bool(title.strip()))]
         msg_id = None
         if first_message is not None:
             msg_id = new_session_id()
@@ -515,6 +518,12 @@ class SessionStore:
         project's path (its id kept, every bound session follows) and record a
         relocation node in the session's graph that never moves head."""
         meta = self.get_meta(session_id)
+        # The session's node is written after the project's move: check first
+        # that it can be (an error must leave nothing changed).
+        if self.es.corruption(session_id) is not None:
+            raise SessionReadOnly(f"session {session_id} is quarantined (damaged log); repair it first")
+        if self.failure() is not None:
+            raise StoreBroken("the store failed to write or sync and accepts nothing more; restart it")
         if (meta.project_id or DEFAULT_PROJECT_ID) != project_id:
             raise Conflict("project_not_bound", f"session {session_id} is not bound to project {project_id!r}; "
                            "relocate it from a session of that project")
@@ -522,6 +531,11 @@ class SessionStore:
         node_id = new_session_id()
         await self._append(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,
                                                         old_path=old, path=new))
+        # Every bound session's row shows the project's new path: say so.
+        project = row_of(self.get_meta(session_id), self._project_view(project_id))["project"]
+        for sid, m in list(self.registry.rows.items()):
+            if (m.project_id or DEFAULT_PROJECT_ID) == project_id:
+                self._notify("session_updated", {"id": sid, "project": dict(project)})
         return {"ok": True, "old_path": old, "path": new, "node_id": node_id}
 
     # -- in-flight ----------------------------------------------------------
@@ -533,16 +547,18 @@ class SessionStore:
         """Run in-flight work as a message: a durable placeholder before the block,
         throttled progress while it runs, and a durable terminal state after it:
         done on a normal exit, error on an exception, aborted on cancellation
-        (with the reason: "stopped by user", "stalled", "server shutdown")."""
+        (with the reason: "stopped by user", "stalled", "server shutdown").
+        `parent_id`: None = the current head, "" = a root message."""
         state = await self.load_session(session_id)
         if not _valid_kind(role, kind) or kind in ("chat", "relocate"):
             raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
-        if parent_id is not None and parent_id not in state.messages:
+        if parent_id and parent_id not in state.messages:
             raise NotFound("unknown_message", f"unknown message {parent_id!r}")
         if self.shutting_down:
             raise Conflict("shutting_down", "the server is shutting down")
         msg_id = new_session_id()
-        parent = parent_id if parent_id is not None else state.head
+        parent = state.head if parent_id is None else (parent_id or None)  # "": a root message
+        moves_head = caller is None and parent != state.head  # a retry: a sibling branch becomes current
         placeholder = MessageCreated(msg_id=msg_id, role=role, kind=kind,  # type: ignore[arg-type]
                                      parent_id=parent, caller=caller, status="running",
                                      started_at=time.time(), metadata=metadata or {})
@@ -552,7 +568,9 @@ class SessionStore:
         msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent)
         msg.caller, msg.started_at = caller, placeholder.started_at or 0.0
         with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
-            await self._append(session_id, *events)
+            appended = await self._append(session_id, *events)
+        if moves_head:
+            self._notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
         # Live (stoppable, watched) only once its placeholder is durable.
         msg.last_activity = trio.current_time()
         self.saver.active[(session_id, msg_id)] = msg
@@ -653,7 +671,7 @@ class SessionStore:
     async def retry(self, session_id: str, msg_id: str) -> AsyncIterator[InflightMessage]:
         """A new reply on a sibling branch of `msg_id` (same parent); head moves to it."""
         m = await self.retry_target(session_id, msg_id)
-        async with self.inflight(session_id, kind=m.kind, role=m.role, parent_id=m.parent_id or None) as msg:
+        async with self.inflight(session_id, kind=m.kind, role=m.role, parent_id=m.parent_id or "") as msg:
             yield msg
 
     async def subscribe(self, session_id: str, msg_id: str, *, offset: int | None = None,
@@ -683,6 +701,13 @@ class SessionStore:
                            tokens=m.metadata.get("partial_tokens_used") if m.tokens is None else m.tokens,
                            error=m.error, aborted_reason=m.metadata.get("aborted_reason"),
                            durable_seq=self.es.durable_seq(session_id)))
+        if m.status in OPEN_STATUSES and (session_id, msg_id) not in self.saver.active:
+            # No producer here will ever finalize it: say so now rather than never.
+            why = ("store failure" if self.failure() is not None
+                   else "session quarantined" if self.es.corruption(session_id) is not None
+                   else "server shutdown" if self.shutting_down else None)
+            if why is not None:
+                self.hub.end(session_id, why, msg_id=msg_id, seq=m.seq)
         return sub
 
     async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
@@ -789,25 +814,40 @@ class SessionStore:
         if self.projects.damage is not None:
             log.error("%s: the project log is read-only (projects up to the damage are served) until "
                       "`sessionlog repair projects`", self.projects.damage)
-        # The abort sweep: nothing is running whose writer is gone.
+        # The abort sweep: nothing is running whose writer is gone. A session
+        # is checked (the part of its log the checkpoint let recovery skip)
+        # before it is written to; one found damaged is left alone.
         for sid, meta in list(registry.rows.items()):
-            if meta.open_msgs and self.es.corruption(sid) is None:
+            if meta.open_msgs and await self._writable_at_start(sid):
                 events: list[Event] = [MessageFinalized(msg_id=m, status="aborted", aborted_reason="worker restart")
                                        for m in meta.open_msgs]
                 await self._append(sid, *events)
                 self.aborted_at_start += [(sid, m) for m in meta.open_msgs]
-        # Maintenance in the spec's order.
-        plan = plan_maintenance(list(self.registry.rows.values()), time.time(), self.config.maintenance)
+        # Maintenance in the spec's order, over the healthy sessions (what
+        # `sessionlog maintenance --dry-run` plans too).
+        healthy = [m for sid, m in self.registry.rows.items() if self.es.corruption(sid) is None]
+        plan = plan_maintenance(healthy, time.time(), self.config.maintenance)
+        done = MaintenancePlan()
         for sid in plan.to_idle:
-            if self.es.corruption(sid) is None:
+            if await self._writable_at_start(sid):
                 await self._append(sid, SessionFlags(status="idle"))
+                done.to_idle.append(sid)
+        kinds = {"empty shell": done.empty_shells, "archive expired": done.expired_archives,
+                 "over capacity": done.over_capacity}
         for sid, why in plan.removals():
-            if self.es.corruption(sid) is None:
+            if await self._writable_at_start(sid):
                 await self.delete_session(sid)
                 self.removed_at_start.append((sid, why))
+                kinds[why].append(sid)
                 log.debug("removed session %s at startup: %s", sid, why)
-        log.info("%s", plan.summary(len(self.aborted_at_start)))
+        log.info("%s", done.summary(len(self.aborted_at_start)))
         await self._cache_write(self.write_checkpoint)
+
+    async def _writable_at_start(self, sid: str) -> bool:
+        if sid not in self.es:
+            return False
+        await self._ensure_checked(sid)
+        return self.es.corruption(sid) is None
 
     async def check_logs(self) -> int:
         """The background check: read the part of each log that startup skipped

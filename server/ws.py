@@ -303,6 +303,21 @@ class Server:
         except Exception:
             log.exception("the agent failed in session %s", session_id)
 
+    async def prepare_stop(self, timeout: float = 2.0) -> None:
+        """The first part of a graceful stop, while connections are still
+        open: no new reply starts, every running one is finalized `aborted`
+        "server shutdown", every subscription gets its terminal update, and the
+        connections' queues get up to `timeout` to drain."""
+        store = self.store
+        store.shutting_down = True
+        await store.abort_running("server shutdown")
+        for _ in range(3):
+            await trio.sleep(0)  # the durable terminal updates go out first
+        store.hub.end(None, "server shutdown")
+        with trio.move_on_after(timeout):
+            while any(c.subs or c.sending or c._send.statistics().current_buffer_used for c in self.connections):
+                await trio.sleep(0.01)
+
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._agents = nursery
@@ -345,6 +360,7 @@ class Connection:
         # Sessions this client loaded: it is told of their new messages (`message_created`).
         self.watching: set[str] = set()
         self.dropped = False
+        self.sending = False  # a frame is being written to the socket
 
     def send_nowait(self, frame: str) -> None:
         """Queue a frame; a client whose queue is full is dropped."""
@@ -366,11 +382,14 @@ class Connection:
     async def _sender(self) -> None:
         async for frame in self._recv:
             with trio.move_on_after(self.server.config.send_timeout):
+                self.sending = True
                 try:
                     await self.ws.send_message(frame)
                 except ConnectionClosed:
                     self.nursery.cancel_scope.cancel()  # the client left; the reader ends too
                     return
+                finally:
+                    self.sending = False
                 continue
             self.drop("a frame was not taken within the send timeout")
             return
@@ -452,7 +471,7 @@ class Connection:
                 self.reply("ok", {"action": "stop", "msg_id": mid}, rid)
             case p.Retry(session_id=sid, msg_id=mid):
                 target = await store.retry_target(sid, mid)
-                reply_id = await self.server.start_reply(sid, target.parent_id)
+                reply_id = await self.server.start_reply(sid, target.parent_id or "")  # "": at the root
                 self.reply("retry_started", {"session_id": sid, "retried": mid, "reply_id": reply_id}, rid)
             case p.RenameSession(session_id=sid, title=title, regenerate=regen):
                 if regen:
@@ -610,15 +629,24 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             serving = trio.CancelScope()
+            stopping: list[int] = []
 
             async def on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
                     async for sig in sigs:
-                        if serving.cancel_called:
+                        if stopping:
                             give_up(f"a second {signal.Signals(sig).name} during the stop")
                         log.info("received %s: stopping (grace %g s)", signal.Signals(sig).name, grace)
-                        serving.cancel()
+                        stopping.append(sig)
                         nursery.start_soon(watchdog)
+                        nursery.start_soon(stop)
+
+            async def stop() -> None:
+                with trio.CancelScope(shield=True):
+                    if started:
+                        with trio.move_on_after(grace / 2):
+                            await started[0].prepare_stop()
+                serving.cancel()
             nursery.start_soon(on_signal)
             with serving:
                 await serve_store(root, config, agent=agent or DemoAgent(speed=args.agent_speed),
