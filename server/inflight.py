@@ -167,10 +167,22 @@ class ThrottledSaver:
         self.slots: list[dict[InflightMessage, None]] = [{} for _ in range(SLOTS)]
         self._next_slot = 0
         self.active: dict[tuple[str, str], InflightMessage] = {}
+        self.sessions: dict[str, int] = {}  # session -> how many of its messages run here
         self.ticks = 0
         self.late_ticks = 0
         self.failed: BaseException | None = None
         self.on_store_failed: Callable[[BaseException], object] | None = None
+
+    def start(self, msg: InflightMessage) -> None:
+        """A message is live: stoppable, watched, counted."""
+        self.active[(msg.session_id, msg.msg_id)] = msg
+        self.sessions[msg.session_id] = self.sessions.get(msg.session_id, 0) + 1
+
+    def end(self, msg: InflightMessage) -> None:
+        if self.active.pop((msg.session_id, msg.msg_id), None) is not None:
+            n = self.sessions.pop(msg.session_id, 1) - 1
+            if n:
+                self.sessions[msg.session_id] = n
 
     def slot_for_new(self) -> dict[InflightMessage, None]:
         """The slot of a message that starts now (round robin)."""

@@ -291,8 +291,10 @@ class SessionStore:
     def _evict_states(self) -> None:
         """Drop least recently used loaded sessions past the cache size; sessions
         with running messages stay (they are moved to the back, so the front
-        of the LRU keeps the candidates and a pass stays short)."""
-        excess = len(self._states) - self.config.state_cache
+        of the LRU keeps the candidates and a pass stays short). Sessions with
+        a producer here do not count against the cache, so 5,000 streams
+        starting do not each scan 5,000 cached states (that was quadratic)."""
+        excess = len(self._states) - self.config.state_cache - len(self.saver.sessions)
         looked = 0
         while excess > 0 and looked < len(self._states):
             sid, st = next(iter(self._states.items()))
@@ -573,7 +575,7 @@ class SessionStore:
             self._notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
         # Live (stoppable, watched) only once its placeholder is durable.
         msg.last_activity = trio.current_time()
-        self.saver.active[(session_id, msg_id)] = msg
+        self.saver.start(msg)
         status, error, reason = "done", None, None
         try:
             with msg.scope:
@@ -596,7 +598,7 @@ class SessionStore:
             return
         self.saver.flush(msg)
         msg.finished = True
-        self.saver.active.pop((msg.session_id, msg.msg_id), None)
+        self.saver.end(msg)
         if (msg.session_id not in self.registry or self.es.broken is not None
                 or msg.session_id not in self.es or self.es.corruption(msg.session_id) is not None):
             return  # deleted, the store failed, or quarantined: no finalize can be written
@@ -621,7 +623,7 @@ class SessionStore:
         if live is not None:
             self.saver.flush(live)
             live.finished = True
-            self.saver.active.pop((session_id, msg_id), None)
+            self.saver.end(live)
         await self._append(session_id, MessageFinalized(msg_id=msg_id, status=status,  # type: ignore[arg-type]
                                                         content=content, error=error, aborted_reason=reason))
 

@@ -66,7 +66,7 @@ async def run_workload(live: str, steps: list[str], seed: int) -> Workload:
                         store.saver.flush(msg)
                         await store.es.flush()
                     if rng.random() < 0.3:  # leave it running, as a crash would
-                        store.saver.active.pop((sid, msg.msg_id))
+                        store.saver.end(msg)
                         msg.finished = True
                 ack(sid)
             elif step == "rename":
