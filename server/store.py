@@ -61,6 +61,7 @@ class StoreConfig:
     checkpoint_interval: float = 5.0      # index.json debounce (spec: 5 s)
     snapshot_interval: float = 2.0        # snapshot.json debounce for running sessions
     progress_interval: float = PROGRESS_INTERVAL
+    progress_slots: int = 1               # phases of the saver's interval (see server/inflight.py SLOTS)
     stall_timeout: float = STALL_TIMEOUT
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     sync_mode: SyncMode = "auto"
@@ -119,7 +120,7 @@ class SessionStore:
         self.registry = Registry()
         self.projects = ProjectRegistry(fs, root, config.home)
         self.hub = SubscriptionHub()
-        self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout)
+        self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, config.progress_slots)
         self.saver.on_store_failed = lambda error: self.hub.end(None, "store failure")
         es.failure_listeners.append(self.saver.store_failed)
         self.watchers: list[Watcher] = []

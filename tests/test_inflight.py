@@ -237,3 +237,23 @@ async def test_a_subscriber_that_falls_behind_is_dropped_not_waited_for(store):
             store.saver.flush(msg)  # one update each, never read
         assert sub.dropped
     assert (await store.load_session(meta.id)).messages[msg.msg_id].content == "x" * (SUBSCRIBER_QUEUE + 5)
+
+
+async def test_a_spread_saver_keeps_one_record_per_interval_per_message(root, autojump_clock):
+    """With the interval cut into slots, each message keeps its own phase:
+    still about one record per interval each, never more than one behind."""
+    from server.store import StoreConfig
+    async with open_session_store(root, config=StoreConfig(progress_slots=50)) as store:
+        metas = [(await store.create_session(first_message=f"go {k}"))[0] for k in range(5)]
+        async with trio.open_nursery() as n:
+            async def produce(sid: str) -> None:
+                async with store.inflight(sid) as msg:
+                    for i in range(200):
+                        msg.write(f"t{i} ")
+                        await trio.sleep(0.05)
+            for m in metas:
+                n.start_soon(produce, m.id)
+        assert store.saver.late_ticks == 0
+    for m in metas:
+        progress = [r for r in records(root, m.id) if isinstance(r.event, MessageProgress)]
+        assert 38 <= len(progress) <= 42, len(progress)
