@@ -800,18 +800,17 @@ class SessionStore:
         if self.config.check_after_start:
             self._unchecked = dict.fromkeys(report.tail_replayed)
         await trio.to_thread.run_sync(self.projects.load_sync)
-        for t in report.torn:
-            log.warning("%s", t)
-        for c in report.quarantined:
-            log.error("%s: session quarantined (read-only) until `sessionlog repair`", c)
-        for sid in report.unfinished_deletions:
-            log.info("finished the interrupted deletion of session %s", sid)
-        for sid in report.unfinished_creations:
-            log.info("removed the interrupted creation of session %s (it was never acknowledged)", sid)
-        for orphan in report.orphans:
-            log.warning("orphan folder: %s", orphan)
-        for path in report.temp_files:
-            log.info("removed a left-over file: %s", path)
+        said: list[tuple[int, str, list[Any]]] = [
+            (logging.WARNING, "%s", report.torn),
+            (logging.ERROR, "%s: session quarantined (read-only) until `sessionlog repair`", report.quarantined),
+            (logging.INFO, "finished the interrupted deletion of session %s", report.unfinished_deletions),
+            (logging.INFO, "removed the interrupted creation of session %s (it was never acknowledged)",
+             report.unfinished_creations),
+            (logging.WARNING, "orphan folder: %s", report.orphans),
+            (logging.INFO, "removed a left-over file: %s", report.temp_files)]
+        for level, fmt, items in said:
+            for item in items:
+                log.log(level, fmt, item)
         if self.projects.torn is not None:
             log.warning("%s", self.projects.torn)
         if self.projects.damage is not None:
