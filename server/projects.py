@@ -136,8 +136,14 @@ class ProjectRegistry:
     async def create(self, name: str, path: str) -> Project:
         path = _checked_dir(path)
         pid = "p-" + secrets.token_hex(6)
-        await self._append(ProjectCreated(project_id=pid, name=name or os.path.basename(path), path=path))
+        await self._append(ProjectCreated(project_id=pid, name=name or os.path.basename(path), path=path),
+                           check=lambda: self._check_free(path))
         return self._projects[pid]
+
+    def _check_free(self, path: str) -> None:
+        """Two projects never point at one folder (nor at the home folder)."""
+        if any(q.path == path for q in self._projects.values()) or path == os.path.realpath(self.home):
+            raise Conflict("path_in_use", "another project already points at that folder")
 
     async def relocate(self, project_id: str, path: str) -> tuple[str, str]:
         """Point a project at a new folder, keeping its id. Returns (old, new)."""
@@ -150,10 +156,9 @@ class ProjectRegistry:
                            "only repairs a project whose folder is missing")
         new = _checked_dir(path)
 
-        def free() -> None:  # under the lock: two relocations cannot both take one folder
-            if any(q.path == new for q in self._projects.values()) or new == os.path.realpath(self.home):
-                raise Conflict("path_in_use", "another project already points at that folder")
-        await self._append(ProjectMoved(project_id=project_id, old_path=p.path, path=new), check=free)
+        # Checked under the log's lock: two relocations cannot both take one folder.
+        await self._append(ProjectMoved(project_id=project_id, old_path=p.path, path=new),
+                           check=lambda: self._check_free(new))
         return p.path, new
 
 

@@ -530,6 +530,7 @@ class SessionStore:
         if (meta.project_id or DEFAULT_PROJECT_ID) != project_id:
             raise Conflict("project_not_bound", f"session {session_id} is not bound to project {project_id!r}; "
                            "relocate it from a session of that project")
+        await self.load_session(session_id)  # loaded: watchers are told of the node (message_created)
         old, new = await self.projects.relocate(project_id, path)
         node_id = new_session_id()
         await self._append(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,

@@ -136,7 +136,7 @@ async def test_a_damaged_project_log_is_served_read_only_and_verify_and_repair_c
         assert [p.id for p in store.list_projects()] == ["default", pa.id]
         assert store.get_row(meta.id)["project"]["id"] == pa.id
         with pytest.raises(SessionReadOnly):
-            await store.create_project("C", os.path.join(home, "a"))
+            await store.create_project("C", os.path.join(home, "c"))
     r = run_cli("repair", "--root", root, "projects")
     assert r.returncode == 0 and "kept 1 good records" in r.stdout, r.stdout + r.stderr
     assert run_cli("verify", "--root", root).returncode == 0
@@ -149,9 +149,10 @@ async def test_a_damaged_project_log_is_served_read_only_and_verify_and_repair_c
 async def test_a_server_starts_with_a_damaged_project_log(root):
     from .test_stop import TOKEN, start_serve
     async with open_session_store(root) as store:
-        os.makedirs(os.path.join(root, "..", "pa"), exist_ok=True)
+        for d in ("pa", "pb"):
+            os.makedirs(os.path.join(root, "..", d), exist_ok=True)
         await store.create_project("A", os.path.abspath(os.path.join(root, "..", "pa")))
-        await store.create_project("B", os.path.abspath(os.path.join(root, "..", "pa")))
+        await store.create_project("B", os.path.abspath(os.path.join(root, "..", "pb")))
     flip(project_log_path(root), b'"A"')
     p, port = await trio.to_thread.run_sync(lambda: start_serve(root))
     try:

@@ -185,4 +185,6 @@ async def test_a_failure_in_the_project_log_changes_nothing(root, tmp_path, site
         assert fs.calls_after_failure == 0
     async with open_session_store(root, config=CONFIG) as store:  # opens cleanly, whatever reached the disk
         assert "default" in [p.id for p in store.list_projects()]
-        await store.create_project("r", str(folder))
+        other = tmp_path / "other"
+        other.mkdir()
+        await store.create_project("r", str(other))  # (p may have reached the disk and hold `folder`)

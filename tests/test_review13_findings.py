@@ -225,3 +225,23 @@ async def test_a_malformed_since_gets_a_full_list_not_an_internal_error(root, nu
             assert out["relist"] is True, bad
         with pytest.raises(ServerError):
             await c.request("list_sessions", since=5)
+
+
+async def test_two_projects_never_share_a_folder_and_a_relocation_node_reaches_watchers(root, nursery, tmp_path):
+    server = await start_server(nursery, root, speed=0.0, tokens=(2, 3))
+    a, moved = tmp_path / "a", tmp_path / "moved"
+    a.mkdir()
+    async with server.client() as c, server.client() as watcher:
+        pa = (await c.request("create_project", name="a", path=str(a)))["project"]
+        with pytest.raises(ServerError) as e:
+            await c.request("create_project", name="again", path=str(a))
+        assert e.value.code == "path_in_use"
+        ack = await c.request("chat", content="in a", project_id=pa["id"])
+        await watcher.request("load_session", session_id=ack["session_id"])
+        server.store._states.clear()  # evicted from the state cache, as with many sessions loaded
+        a.rename(moved)
+        out = await c.request("relocate_project", session_id=ack["session_id"], project_id=pa["id"],
+                              path=str(moved))
+        with trio.fail_after(10):
+            await watcher.wait_for(lambda f: f["type"] == "message_created"
+                                   and f["data"]["message"]["msg_id"] == out["node_id"])
