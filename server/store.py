@@ -461,9 +461,13 @@ class SessionStore:
         # A snapshot being written into the folder finishes first; none starts
         # after (write_snapshot checks, under the same lock, that the session
         # is still there): the folder is removed whole, nothing is left behind.
-        async with self._snap_lock:
-            await self.es.remove(session_id)
-        self._notify("session_deleted", {"session_id": session_id})
+        try:
+            async with self._snap_lock:
+                await self.es.remove(session_id)
+        finally:
+            # The tombstone is durable: the session is gone for every client even
+            # if removing its folder failed (the next start finishes that).
+            self._notify("session_deleted", {"session_id": session_id})
         return True
 
     # -- listing ------------------------------------------------------------

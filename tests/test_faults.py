@@ -90,6 +90,8 @@ async def test_a_failure_in_the_log_is_fatal_and_recovers_cleanly(root, site, du
                 await store.append_message(meta.id, "acked")
             for sid in sids:
                 acked[sid] = store.es.durable_seq(sid)
+            seen: list[tuple[str, dict]] = []
+            store.watchers.append(lambda kind, data: seen.append((kind, data)))
             fs.armed = True
             with pytest.raises(StoreBroken) as caught:
                 if during == "append":
@@ -102,6 +104,8 @@ async def test_a_failure_in_the_log_is_fatal_and_recovers_cleanly(root, site, du
                 else:
                     await store.delete_session(sids[2])
             assert isinstance(caught.value.__cause__, OSError)
+            if during == "delete":  # the tombstone is durable: every client is told it is gone
+                assert ("session_deleted", sids[2]) in [(k, d.get("session_id")) for k, d in seen]
             assert fs.failed == 1
             retried = fs.calls_after_failure
             with pytest.raises(StoreBroken):
