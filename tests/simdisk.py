@@ -10,6 +10,9 @@ folder, what could be on disk if the power failed right there:
   them ("torn") or as many zero bytes ("zeros", as ext4 can leave after a cut);
 - names (creations, renames, removals): only those made durable by an fsync of
   their directory (or a syncfs); with mode "keep" the unsynced ones too.
+- a syncfs makes durable what was written *before it started*: it is logged
+  as a begin and an end, and a cut between them keeps nothing of it; writes
+  made while it runs (by another thread) are not covered by it.
 A directory that is not durable takes everything below it with it.
 """
 from __future__ import annotations
@@ -71,8 +74,12 @@ class RecordingFS(FileOps):
         self._log("sync_dir" if os.path.isdir(os.path.join(self.base, path)) else "sync", path)
 
     def syncfs(self, fd: int) -> None:
+        with self._lock:
+            self._syncs = getattr(self, "_syncs", 0) + 1
+            token = self._syncs
+        self._log("syncfs_begin", token)
         super().syncfs(fd)
-        self._log("syncfs")
+        self._log("syncfs", token)
 
     def close(self, fd: int) -> None:
         self._paths.pop(fd, None)
@@ -136,6 +143,10 @@ class _Model:
     dur: dict[str, int] = field(default_factory=dict)
     cur_dirs: set[str] = field(default_factory=lambda: {"."})
     dur_dirs: set[str] = field(default_factory=lambda: {"."})
+    # syncfs in progress: token -> (op count at begin, inode count, contents, names, dirs)
+    syncing: dict[int, tuple[int, int, list[bytes], dict[str, int], set[str]]] = field(default_factory=dict)
+    applied: int = 0
+    name_synced_at: dict[str, int] = field(default_factory=dict)  # path -> op count when its entry went durable
 
     def new(self, path: str) -> _Inode:
         self.inodes.append(_Inode())
@@ -143,7 +154,15 @@ class _Model:
         return self.inodes[-1]
 
     def apply(self, op: Op) -> None:
+        self.applied += 1
         kind = op[0]
+        if kind == "syncfs_begin":
+            self.syncing[op[1]] = (self.applied, len(self.inodes), [i.cur for i in self.inodes], dict(self.cur),
+                                   set(self.cur_dirs))
+            return
+        if kind == "syncfs" and len(op) > 1 and op[1] in self.syncing:
+            self._end_syncfs(*self.syncing.pop(op[1]))
+            return
         if kind == "mkdir":
             self.cur_dirs.add(op[1])
         elif kind == "create":
@@ -165,6 +184,9 @@ class _Model:
             self.dur_dirs = set(self.cur_dirs)
         elif kind == "sync_dir":
             d = op[1]
+            for p in set(self.dur) | set(self.cur) | self.dur_dirs | self.cur_dirs:
+                if _parent(p) == d:
+                    self.name_synced_at[p] = self.applied
             self.dur = {p: i for p, i in self.dur.items() if _parent(p) != d}
             self.dur.update({p: i for p, i in self.cur.items() if _parent(p) == d})
             self.dur_dirs = {x for x in self.dur_dirs if _parent(x) != d or x == d}
@@ -180,6 +202,24 @@ class _Model:
             pre = op[1] + os.sep
             self.cur = {p: i for p, i in self.cur.items() if not p.startswith(pre)}
             self.cur_dirs = {d for d in self.cur_dirs if d != op[1] and not d.startswith(pre)}
+
+
+    def _end_syncfs(self, began: int, n_inodes: int, contents: list[bytes], names: dict[str, int],
+                    dirs: set[str]) -> None:
+        """A syncfs returned: what was there when it began is durable, except
+        where something made durable after it began is newer."""
+        for ino, data in zip(self.inodes[:n_inodes], contents):
+            if data.startswith(ino.durable) or not ino.durable.startswith(data):
+                ino.durable = data
+        newer = {p for p, at in self.name_synced_at.items() if at > began}
+        for p in set(names) | {p for p, i in self.dur.items() if i < n_inodes}:
+            if p in newer:
+                continue
+            if p in names:
+                self.dur[p] = names[p]
+            else:
+                self.dur.pop(p, None)
+        self.dur_dirs = {x for x in self.dur_dirs if x in dirs or x in newer} | {x for x in dirs if x not in newer}
 
 
 def _content(ino: _Inode, mode: str) -> bytes:

@@ -242,3 +242,18 @@ def test_repair_under_a_power_cut_at_every_point(tmp_path):
             images += 1
     assert images >= 4 * len(fs.ops)
     assert read_log(OS_FILES, live, sid) == bytes(data[:good_end])
+
+
+def test_a_syncfs_covers_only_what_was_written_before_it_began(tmp_path):
+    """The simulator's syncfs (issue 12 prepares a journal whose log sync runs
+    beside other writers): a write made while a syncfs runs is not durable by
+    it, and a cut between its begin and end keeps nothing of it."""
+    ops = [("mkdir", "d"), ("sync_dir", "."), ("create", "d/f"), ("sync_dir", "d"), ("write", "d/f", b"abc"),
+           ("syncfs_begin", 1), ("write", "d/f", b"def"), ("create", "d/g"), ("syncfs", 1)]
+    crash_image(ops, "drop", str(tmp_path / "a"))
+    assert (tmp_path / "a" / "d" / "f").read_bytes() == b"abc"
+    assert not (tmp_path / "a" / "d" / "g").exists()
+    crash_image(ops[:-1], "drop", str(tmp_path / "b"))  # cut during the syncfs
+    assert (tmp_path / "b" / "d" / "f").read_bytes() == b""
+    crash_image(ops + [("syncfs_begin", 2), ("syncfs", 2)], "drop", str(tmp_path / "c"))
+    assert (tmp_path / "c" / "d" / "f").read_bytes() == b"abcdef" and (tmp_path / "c" / "d" / "g").exists()
