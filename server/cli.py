@@ -87,10 +87,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     from projections.rebuild import repair, repair_projects
+    if args.target is None and not args.project_log:
+        raise CannotRun("repair needs a session id, `projects`, or --project-log")
     root = _existing_store(args.root)
     fd = lock_root(root)
     try:
-        if args.target == PROJECTS_TARGET:
+        from eventstore.log import log_path
+        # `projects` names the project log, unless a session has that id (then
+        # `--project-log` names the project log).
+        if args.project_log or (args.target == PROJECTS_TARGET and not os.path.exists(log_path(root, PROJECTS_TARGET))):
             print(repair_projects(OS_FILES, root, allow_empty=args.allow_empty))
         else:
             print(repair(OS_FILES, root, args.target, allow_empty=args.allow_empty))
@@ -254,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("repair", help="cut a quarantined session's log (or the project log: `repair projects`) "
                                       "back to its last good record")
     f.add_argument("--root", default=default_root(), help=root_help)
-    f.add_argument("target", metavar="SESSION_ID|projects")
+    f.add_argument("target", metavar="SESSION_ID|projects", nargs="?")
+    f.add_argument("--project-log", action="store_true", help="repair the project log (projects/log.jsonl)")
     f.add_argument("--allow-empty", action="store_true",
                    help="allow a repair that keeps no record (damage in line 1); the log is emptied, "
                         "its bytes kept beside it, and the session stays listed as damaged")

@@ -130,3 +130,21 @@ def test_a_mistyped_root_creates_nothing_and_verify_tells_missing_from_corrupt(s
     with open(log_path(store, sid), "wb") as f:
         f.write(data)
     assert run_cli("verify", "--root", store).returncode == 1
+
+
+def test_a_session_named_projects_is_repaired_as_a_session(tmp_path):
+    import trio
+
+    from server.store import open_session_store
+    root = str(tmp_path / "store")
+
+    async def make() -> None:
+        async with open_session_store(root) as store:
+            await store.create_session("projects", first_message="a session with that id")
+    trio.run(make)
+    r = run_cli("repair", "--root", root, "projects")
+    assert r.returncode == 0 and r.stdout.startswith("projects: nothing to repair (2 good records)"), r.stdout
+    r = run_cli("repair", "--root", root, "--project-log")
+    assert r.returncode == 0 and "no project log" in r.stdout
+    r = run_cli("repair", "--root", root)
+    assert r.returncode == 3 and "--project-log" in r.stderr
