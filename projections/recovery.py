@@ -116,13 +116,15 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     if s.corrupt is not None:
         report.quarantined.append(s.corrupt)
     seq = s.records[-1].seq if s.records else entry_seq if offset else 0
-    deleted = any(type(r.event) is SessionDeleted for r in s.records)
+    # Only a log that folds to no meta can be a deletion: look for its tombstone then.
+    deleted = meta is None and any(type(r.event) is SessionDeleted for r in s.records)
     first_ts = s.records[0].ts if s.records and not offset else 0.0
     return SessionRecovery(meta, seq, s.good_end, meta_seq, s.corrupt, deleted, first_ts)
 
 
 # The check after startup reads a log in pieces of this size, so that neither
-# memory nor one long call holding the GIL grows with the log.
+# memory nor one long call holding the GIL grows with the log (between pieces
+# the interpreter's switch interval lets the trio thread run).
 CHECK_CHUNK = 1 << 20
 
 
@@ -150,7 +152,6 @@ def check_prefix(fs: FileOps, root: str, sid: str, end: int) -> CorruptRecord | 
         line += len(s.records)
         if s.records:
             expect = s.records[-1].seq + 1
-        time.sleep(0)  # let the trio thread have the GIL between pieces
     if carry or pos < end:
         return CorruptRecord(sid, line + 1, "a damaged record before the checkpointed end of the log")
     return None

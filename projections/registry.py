@@ -19,8 +19,9 @@ from .session import SessionMeta, apply_meta
 FILTERABLE: Final = frozenset({"agent_id", "source", "status", "pinned", "unread", "project_id"})
 
 # Every stored row field, in order (the 15 stored + preview); `project` is the 17th.
-ROW_FIELDS: Final = tuple(f.encode_name for f in msgspec.structs.fields(SessionMeta)
-                          if f.name != "open_msgs")
+ROW_ATTRS: Final = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(SessionMeta)
+                         if f.name != "open_msgs")  # (attribute, wire name)
+ROW_FIELDS: Final = tuple(wire for _, wire in ROW_ATTRS)
 
 
 class Mark(msgspec.Struct, kw_only=True):

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
 import trio
 
 from eventstore.errors import RecordTooLarge, SessionReadOnly, StoreBroken, StoreClosed, UnknownSession
-import msgspec
-
 from eventstore.events import EVENT_ENCODER, MessageProgress
 from eventstore.record import MAX_RECORD_BYTES
 
@@ -75,7 +73,7 @@ class InflightMessage:
                  "last_activity", "scope", "abort_reason", "finished", "_saver")
 
     def __init__(self, saver: ThrottledSaver, session_id: str, msg_id: str, kind: str, role: str,
-                 parent_id: str | None) -> None:
+                 parent_id: str | None, caller: str | None = None, started_at: float = 0.0) -> None:
         self._saver = saver
         self._dirty = saver.slot_for_new()  # the dict of this message's slot: write() marks it there
         self.session_id = session_id
@@ -83,8 +81,8 @@ class InflightMessage:
         self.kind = kind
         self.role = role
         self.parent_id = parent_id
-        self.caller: str | None = None
-        self.started_at = 0.0
+        self.caller = caller
+        self.started_at = started_at
         self.length = 0                 # characters written so far
         self._pending: list[str] = []   # written, not yet in a record
         self._pending_offset = 0        # where _pending starts
@@ -177,7 +175,6 @@ class ThrottledSaver:
         self.ticks = 0
         self.late_ticks = 0
         self.failed: BaseException | None = None
-        self.on_store_failed: Callable[[BaseException], object] | None = None
 
     def start(self, msg: InflightMessage) -> None:
         """A message is live: stoppable, watched, counted."""
@@ -196,11 +193,6 @@ class ThrottledSaver:
         self._next_slot = (self._next_slot + 1) % len(self.slots)
         return slot
 
-    @property
-    def dirty(self) -> int:
-        """How many messages have changes not yet queued."""
-        return sum(map(len, self.slots))
-
     def flush(self, msg: InflightMessage) -> None:
         """Queue the message's pending changes now (before a finalize)."""
         msg._dirty.pop(msg, None)
@@ -212,10 +204,6 @@ class ThrottledSaver:
         slot.clear()
         for msg in dirty:
             self._queue(msg)
-
-    def flush_all(self) -> None:
-        for k in range(len(self.slots)):
-            self.flush_slot(k)
 
     def _queue(self, msg: InflightMessage) -> None:
         """Append the message's progress records; a store error ends the
@@ -259,8 +247,6 @@ class ThrottledSaver:
                       "writes are refused until a restart", error, len(self.active))
         for msg in list(self.active.values()):
             self._end(msg, "store failure")
-        if self.on_store_failed is not None:
-            self.on_store_failed(error)
 
     def check_stalled(self) -> None:
         now = trio.current_time()

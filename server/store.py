@@ -35,7 +35,7 @@ from projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index,
 from projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
 from projections.maintenance import MaintenanceConfig, MaintenancePlan, plan_maintenance
 from projections.recovery import RecoveryReport, check_prefix, fold_until, load_session_state, recover_registry
-from projections.registry import InvalidFilter, Registry
+from projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from projections.session import MessageSnapshot, SessionMeta, SessionState
 
 from .errors import BadRequest, Conflict, NotFound
@@ -89,8 +89,6 @@ _TITLE_FIELDS = {"title": "title", "user_titled": "_user_titled", "auto_titled":
 _FLAG_FIELDS = ("pinned", "unread", "archived", "status")
 
 Watcher = Callable[[str, dict[str, Any]], None]
-# Row attributes and their wire names (the meta minus open_msgs).
-_ROW_ATTRS = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(SessionMeta) if f.name != "open_msgs")
 _FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"})
 
 
@@ -121,8 +119,7 @@ class SessionStore:
         self.projects = ProjectRegistry(fs, root, config.home)
         self.hub = SubscriptionHub()
         self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, config.progress_slots)
-        self.saver.on_store_failed = lambda error: self.hub.end(None, "store failure")
-        es.failure_listeners.append(self.saver.store_failed)
+        es.failure_listeners.append(self._store_failed)
         self.watchers: list[Watcher] = []
         self.feed = ChangeFeed()
         self._creating: set[str] = set()
@@ -149,7 +146,7 @@ class SessionStore:
     # -- the live projection ------------------------------------------------
 
     def _on_record(self, sid: str, rec: Record, end: int) -> None:
-        old_row = self.registry.rows.get(sid)
+        old_row = self.registry.rows.get(sid) if type(rec.event) is not MessageProgress else None
         self.registry.apply(sid, rec, end)
         state = self._states.get(sid)
         if state is not None:
@@ -198,21 +195,28 @@ class SessionStore:
             return
         self.hub.publish(update)
 
+    def _store_failed(self, error: BaseException) -> None:
+        """The log store broke: end every producer and every subscription."""
+        self.saver.store_failed(error)
+        self.hub.end(None, "store failure")
+
     def _after_append(self, sid: str) -> None:
         """Every change of a row goes out as one `session_updated` per append,
         with only the changed fields: renames and flags, and what the fold
         changes by itself (a reply starting or ending: status; a message:
         preview, updated_at, message_count)."""
         old = self._row_before.pop(sid, None)
+        if old is None:  # progress records, and appends that changed no row
+            return
         new = self.registry.rows.get(sid)
-        if old is None or new is None or new is old or sid in self._creating:
+        if new is None or new is old or sid in self._creating:
             return
         changed = self._row_changes(old, new)
         if changed:
             self._notify("session_updated", {"id": sid, **changed})
 
     def _row_changes(self, old: SessionMeta, new: SessionMeta) -> dict[str, Any]:
-        changed = {wire: getattr(new, attr) for attr, wire in _ROW_ATTRS
+        changed = {wire: getattr(new, attr) for attr, wire in ROW_ATTRS
                    if getattr(new, attr) != getattr(old, attr)}
         if "project_id" in changed:
             changed["project"] = row_of(new, self._project_view(new.project_id))["project"]
@@ -411,7 +415,7 @@ class SessionStore:
         if flag_kw:
             events.append(SessionFlags(**flag_kw))
         if events:
-            await self._append(session_id, *events)  # the row's change is pushed by _on_record
+            await self._append(session_id, *events)  # the row's change is pushed by _after_append
         return changed
 
     async def rename_session(self, session_id: str, title: str) -> dict[str, Any]:
@@ -443,19 +447,12 @@ class SessionStore:
         for msg in [m for (sid, _), m in self.saver.active.items() if sid == session_id]:
             msg.abort_reason = "session deleted"
             msg.scope.cancel()
-        if session_id in self.es and self.es.corruption(session_id) is not None:
-            # A damaged log takes no tombstone: the folder is removed at once
-            # (the user asked). A crash during the removal leaves the session
-            # listed as damaged again, or an orphan folder that verify reports.
-            self.hub.end(session_id, "session deleted")
-            self._states.pop(session_id, None)
-            async with self._snap_lock:
-                await self.es.remove(session_id)
-            self.registry.put(None, session_id)
-            self._notify("session_deleted", {"session_id": session_id})
-            return True
-        tomb = await self._append(session_id, SessionDeleted())
-        self.hub.end(session_id, "session deleted", seq=tomb[0].record.seq)
+        # A damaged log takes no tombstone: its folder is removed at once (the
+        # user asked). A crash during that removal leaves the session listed as
+        # damaged again, or an orphan folder that verify reports.
+        damaged = session_id in self.es and self.es.corruption(session_id) is not None
+        seq = 0 if damaged else (await self._append(session_id, SessionDeleted()))[0].record.seq
+        self.hub.end(session_id, "session deleted", seq=seq)
         self._states.pop(session_id, None)
         self._snap_dirty.discard(session_id)
         # A snapshot being written into the folder finishes first; none starts
@@ -467,6 +464,8 @@ class SessionStore:
         finally:
             # The tombstone is durable: the session is gone for every client even
             # if removing its folder failed (the next start finishes that).
+            if damaged:
+                self.registry.put(None, session_id)
             self._notify("session_deleted", {"session_id": session_id})
         return True
 
@@ -573,8 +572,8 @@ class SessionStore:
         events: list[Event] = [placeholder]
         if state.meta is not None and state.meta.status != "running":
             events.append(SessionFlags(status="running"))
-        msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent)
-        msg.caller, msg.started_at = caller, placeholder.started_at or 0.0
+        msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent, caller,
+                              placeholder.started_at or 0.0)
         with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
             appended = await self._append(session_id, *events)
         if moves_head:
@@ -897,7 +896,8 @@ class SessionStore:
         self.hub.end(sid, "session quarantined")
         log.error("%s: found by the check after startup; session quarantined (read-only) "
                   "until `sessionlog repair`", corrupt)
-        self._notify("session_updated", {"id": sid, "damaged": self._damage(sid)})
+        row = self.get_row(sid)
+        self._notify("session_updated", {"id": sid, "damaged": row["damaged"], "status": row["status"]})
         return 1
 
     async def _check_loop(self) -> None:

@@ -307,16 +307,22 @@ class Server:
         """The first part of a graceful stop, while connections are still
         open: no new reply starts, every running one is finalized `aborted`
         "server shutdown", every subscription gets its terminal update, and the
-        connections' queues get up to `timeout` to drain."""
+        connections' queues get up to `timeout` to drain before each is closed
+        with a close handshake."""
         store = self.store
         store.shutting_down = True
         await store.abort_running("server shutdown")
-        for _ in range(3):
-            await trio.sleep(0)  # the durable terminal updates go out first
+        await trio.lowlevel.checkpoint()  # the finalizes' own (durable) terminal updates go out first
         store.hub.end(None, "server shutdown")
         with trio.move_on_after(timeout):
-            while any(c.subs or c.sending or c._send.statistics().current_buffer_used for c in self.connections):
+            while not all(c.drained() for c in self.connections):
                 await trio.sleep(0.01)
+            # A close handshake (1001 "going away") after the last frames: a
+            # client reads everything sent before it, which an abrupt close of
+            # the socket does not promise.
+            async with trio.open_nursery() as n:
+                for c in list(self.connections):
+                    n.start_soon(c.ws.aclose, 1001, "server shutdown")
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -360,7 +366,10 @@ class Connection:
         # Sessions this client loaded: it is told of their new messages (`message_created`).
         self.watching: set[str] = set()
         self.dropped = False
-        self.sending = False  # a frame is being written to the socket
+        # Frames queued and not yet written to the socket. (The channel's buffer
+        # alone does not say: a frame handed straight to a waiting sender task
+        # is in neither.)
+        self.unsent = 0
 
     def send_nowait(self, frame: str) -> None:
         """Queue a frame; a client whose queue is full is dropped."""
@@ -368,10 +377,15 @@ class Connection:
             return
         try:
             self._send.send_nowait(frame)
+            self.unsent += 1
         except trio.WouldBlock:
             self.drop("send queue full")
         except trio.ClosedResourceError:
             pass
+
+    def drained(self) -> bool:
+        """No subscription left, nothing queued or being written."""
+        return not (self.subs or self.unsent)
 
     def drop(self, why: str) -> None:
         if not self.dropped:
@@ -382,14 +396,13 @@ class Connection:
     async def _sender(self) -> None:
         async for frame in self._recv:
             with trio.move_on_after(self.server.config.send_timeout):
-                self.sending = True
                 try:
                     await self.ws.send_message(frame)
                 except ConnectionClosed:
                     self.nursery.cancel_scope.cancel()  # the client left; the reader ends too
                     return
                 finally:
-                    self.sending = False
+                    self.unsent -= 1
                 continue
             self.drop("a frame was not taken within the send timeout")
             return

@@ -257,3 +257,28 @@ async def test_a_spread_saver_keeps_one_record_per_interval_per_message(root, au
     for m in metas:
         progress = [r for r in records(root, m.id) if isinstance(r.event, MessageProgress)]
         assert 38 <= len(progress) <= 42, len(progress)
+
+
+async def test_running_sessions_do_not_push_idle_ones_out_of_the_state_cache(root):
+    """Sessions with a producer here stay loaded and do not count against
+    `state_cache` (counting them made each stream's start scan them all): the
+    cache keeps `state_cache` idle sessions beside the running ones."""
+    from server.store import StoreConfig
+    async with open_session_store(root, config=StoreConfig(state_cache=1)) as store:
+        running = [(await store.create_session(first_message=f"r{k}"))[0].id for k in range(5)]
+        idle = [(await store.create_session(first_message=f"i{k}"))[0].id for k in range(3)]
+        async with trio.open_nursery() as n:
+            started = trio.Semaphore(0)
+
+            async def produce(sid: str) -> None:
+                async with store.inflight(sid) as msg:
+                    msg.write("x")
+                    started.release()
+                    await trio.sleep_forever()
+            for sid in running:  # one at a time: each running session is cached when it starts
+                n.start_soon(produce, sid)
+                await started.acquire()
+            for sid in idle:
+                await store.load_session(sid)
+            assert set(store._states) == {*running, idle[-1]}
+            n.cancel_scope.cancel()

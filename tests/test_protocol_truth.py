@@ -83,6 +83,8 @@ async def test_regenerate_then_switch_branches_restores_the_exact_view(root, nur
         assert len([m for m in before["messages"] if m["caller"] is None]) == 20
         await b.request("load_session", session_id=sid)  # b watches the session
         regen = await a.request("retry", session_id=sid, msg_id=first_reply)  # regenerate a finished reply
+        with trio.fail_after(10):  # the retry moved the head: watchers are told
+            await b.wait_for(lambda f: f["type"] == "head_moved" and f["data"]["head"] == regen["reply_id"])
         await a.request("subscribe_msg", session_id=sid, msg_id=regen["reply_id"], offset=0)
         await a.wait_done(sid, regen["reply_id"])
         now = await a.request("load_session", session_id=sid)
@@ -331,3 +333,17 @@ async def test_startup_logs_one_summary_line_of_maintenance(root, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maintenance:")]
     assert lines == ["maintenance: removed 2 empty shell(s), 0 expired archive(s), 0 archived session(s) "
                      "over capacity; 0 session(s) back to idle, 0 message(s) aborted"]
+
+
+def test_the_feed_answers_exactly_or_says_relist():
+    from server.feed import ChangeFeed
+    feed = ChangeFeed(history=3)
+    start = feed.position
+    for k in range(3):
+        feed.add("session_updated", {"id": f"s{k}"})
+    assert [d["id"] for _, d in feed.since(start)] == ["s0", "s1", "s2"]  # exactly the history
+    feed.add("session_updated", {"id": "s3"})
+    assert feed.since(start) is None, "older than the history: re-list"
+    assert [d["id"] for _, d in feed.since(f"{feed.epoch}:1")] == ["s1", "s2", "s3"]
+    assert feed.since(feed.position) == []
+    assert feed.since(f"{feed.epoch}:99") is None and feed.since("other:1") is None

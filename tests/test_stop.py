@@ -92,8 +92,11 @@ async def test_a_signal_while_replies_stream_stops_cleanly(root, sig):
     assert "Traceback" not in err
     ckpt, how = read_index(OS_FILES, root)
     assert how == "loaded" and ckpt is not None and ckpt.written_at >= signalled
+    from projections.checkpoint import read_snapshot
     for mid, (sid, text) in seen.items():
         assert ckpt.sessions[sid].seq == log_last_seq(root, sid), "the checkpoint covers the finalize"
+        snap = read_snapshot(OS_FILES, root, sid)  # the sessions whose replies the stop ended: snapshotted
+        assert snap is not None and snap.seq == log_last_seq(root, sid)
         m = await stored_reply(root, sid, mid)
         assert m.status == "aborted" and m.metadata["aborted_reason"] == "server shutdown"
         assert m.content.startswith(text) and len(m.content) >= len(text), "the text seen live is kept"

@@ -168,3 +168,15 @@ async def test_a_session_deleted_while_its_producer_has_unsaved_text(root):
     assert os.listdir(os.path.join(root, SESSIONS_DIR)) == [meta.id]
     data = read_log(OS_FILES, root, meta.id)
     assert len(scan(meta.id, data, expect_seq=1).records) == 2
+
+
+async def test_a_huge_producer_error_is_cut_in_its_finalize(root):
+    async with open_session_store(root) as store:
+        meta, _ = await store.create_session(first_message="fail loudly")
+        with pytest.raises(ValueError):
+            async with store.inflight(meta.id) as msg:
+                msg.write("partial")
+                raise ValueError("x" * 10 * 1024 * 1024 + "\ud800")  # 10 MB and a lone surrogate
+        m = (await store.load_session(meta.id)).messages[msg.msg_id]
+        assert m.status == "error" and 100 < len(m.error or "") <= 4000
+        assert store.es.broken is None
