@@ -17,22 +17,35 @@ While that thread syncs, the next batch fills:
     committer:    [swap] -> thread: write+sync batch 1 -> set 1 [swap] -> batch 2 ...
     waiters of 1:                                       wake up
 
-How a batch is made durable (`sync_mode`): "fdatasync" syncs each dirty file
+How a batch is made durable (`sync_mode`): "journal" (the default) writes
+the batch as one frame to the write-ahead journal and fdatasyncs that one
+file, then writes each session's lines to its log without a sync; a periodic
+round makes the logs durable with one syncfs per device and removes the
+journal segments it covered (journal.py has the frame format, the invariants
+and recovery). The direct modes sync the logs themselves in every batch:
+"fdatasync" syncs each dirty file
 (~0.1 ms each here), "syncfs" makes one Linux syncfs(2) call per filesystem
 holding a dirty log (the `st_dev` of each log, found when its descriptor is
 opened: a session folder may be a symlink or a mount on another device than
 the root; one device flush for any number of files, which also flushes other
-dirty files of that filesystem), "auto" (the default) uses fdatasync
-for a batch of one file and syncfs for more. bench/ measures the three; see
-bench/README.md for why "auto".
+dirty files of that filesystem), "auto" uses fdatasync for a batch of one
+file and syncfs for more. bench/ measures them all; see bench/README.md for
+why "journal" (one file and one sync per batch, whatever the number of
+sessions in it).
+
+Either way the batch's lines are in the logs (at least in the page cache)
+before any waiter of the batch wakes: readers of a log see every
+acknowledged record.
 
 A failed write or sync is fatal: every waiter of that batch gets StoreBroken,
 no further append is accepted, and nothing is retried (after a failed fsync
 the kernel may have dropped the dirty pages; a retry can "succeed" with the
 data gone). Restarting recovers from what is on disk.
 
-Descriptors are kept in an LRU of at most `max_open` entries, closed only
-after the data written through them is synced.
+Descriptors are kept in an LRU of at most `max_open` entries (in the
+"fdatasync" mode a descriptor is synced before it is closed). The committer's
+worker thread, the journal round and `remove()` take turns on descriptors and
+segments through one trio lock (`_io_lock`).
 """
 from __future__ import annotations
 
@@ -49,10 +62,16 @@ from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken,
                      UnknownSession)
 from .events import Event, SessionDeleted
 from .fsio import HAVE_SYNCFS, OS_FILES, FileOps, lock_root
+from .journal import (SEGMENT_BYTES, Entry, JournalRecovery, apply_journal, birth, encode_frame, journal_dir,
+                      segment_name)
 from .log import SESSIONS_DIR, log_path, session_dir
 from .record import Record, encode_record
 
-SyncMode = Literal["auto", "syncfs", "fdatasync"]
+SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
+
+# How often the journal's logs are synced and its segments removed (seconds):
+# the bound on what a start after a crash re-applies.
+JOURNAL_SYNC_INTERVAL: Final = 1.0
 
 # Open log descriptors kept for appends: enough for every streaming session of
 # a busy server (bench/: 10,000 streams), bounded so that more sessions never
@@ -90,16 +109,21 @@ class CommitStatistics(NamedTuple):
     files_synced: int
     waiting_appenders: int
     sync_mode: str
+    log_syncs: int = 0          # journal rounds: logs synced, segments removed
+    segments_removed: int = 0
 
 
 class _Batch:
-    __slots__ = ("done", "error", "lines", "last_seq", "records", "waiters", "opened")
+    __slots__ = ("done", "error", "lines", "last_seq", "offsets", "births", "records", "waiters", "opened", "no")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.lines: dict[str, list[bytes]] = {}
         self.last_seq: dict[str, int] = {}
+        self.offsets: dict[str, int] = {}   # where the session's first line of the batch starts
+        self.births: list[str] = []         # journal birth markers (see journal.py)
+        self.no = 0                         # batch number, given when it is committed
         self.records = 0
         self.waiters = 0
         self.opened = 0.0  # perf_counter() when its first record came
@@ -124,13 +148,16 @@ class EventStore:
     recovery code (projections/recovery.py) with `register()`.
     """
 
-    def __init__(self, root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "auto",
-                 max_open: int = MAX_OPEN_LOGS) -> None:
+    def __init__(self, root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
+                 max_open: int = MAX_OPEN_LOGS, journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> None:
         if sync_mode == "syncfs" and not HAVE_SYNCFS:
             raise ValueError("sync_mode='syncfs' needs Linux syncfs(2)")
         self.root = root
         self.fs = fs
-        self.sync_mode: SyncMode = sync_mode if HAVE_SYNCFS else "fdatasync"
+        self.sync_mode: SyncMode = sync_mode if HAVE_SYNCFS or sync_mode == "journal" else "fdatasync"
+        self.journal = self.sync_mode == "journal"
+        self.journal_sync_interval = journal_sync_interval
+        self.journal_recovery = JournalRecovery()  # what opening the store re-applied
         self.max_open = _descriptor_budget(max_open)
         self.listeners: list[Listener] = []
         # Called after each durable batch with (records, perf_counter() of its
@@ -153,7 +180,22 @@ class EventStore:
         self._closing = False
         self._closed = False
         self._broken: BaseException | None = None
-        self._stats = [0, 0, 0, 0]  # batches, records, largest, files synced
+        self._stats = [0, 0, 0, 0, 0, 0]  # batches, records, largest, files synced, log syncs, segments removed
+        # the journal (sync_mode "journal")
+        self._io_lock = trio.Lock()
+        self._sync_lock = trio.Lock()
+        self._sync_wake = trio.Event()
+        self._sync_scope = trio.CancelScope()
+        self._batch_no = 0            # the last batch number given
+        self._committed_no = 0        # the last batch written to the journal and the logs
+        self._trimmed_upto = 0        # every batch up to this one is synced in the logs
+        self._seg_fd: int | None = None
+        self._seg_path = ""
+        self._seg_size = 0
+        self._segments: list[str] = []            # closed segments not yet removed
+        self._journaled: dict[str, int] = {}      # session -> the last batch holding its records
+        self._dirty_devs: set[int] = set()        # devices with log writes since the last round
+        self._dirty_sids: set[str] = set()        # the same, by session, where there is no syncfs
 
     # -- sessions ---------------------------------------------------------
 
@@ -224,6 +266,13 @@ class EventStore:
         data = b"".join(lines)
         self._creating.add(session_id)
         try:
+            if self.journal and self._journaled.get(session_id, 0) > self._trimmed_upto:
+                # The journal still holds records of an earlier session of this
+                # id (deleted): a birth marker tells recovery they are not ours.
+                batch = self._batch
+                batch.births.append(session_id)
+                self._wake.set()
+                await self._wait(batch)
             await trio.to_thread.run_sync(self._create_sync, session_id, path, data)
         except FileExistsError:
             raise SessionExists(f"session {session_id!r} already exists") from None
@@ -259,9 +308,10 @@ class EventStore:
         sess = self._session(session_id)
         if sess.durable_seq < sess.last_seq:
             await self.wait_durable(session_id, sess.last_seq)
-        self._sessions.pop(session_id, None)
-        self._devs.pop(session_id, None)
-        fd = self._fds.pop(session_id, None)
+        async with self._io_lock:  # not while the committer's thread uses the descriptors
+            self._sessions.pop(session_id, None)
+            self._devs.pop(session_id, None)
+            fd = self._fds.pop(session_id, None)
         folder = session_dir(self.root, session_id)
         try:
             await trio.to_thread.run_sync(self._remove_sync, folder, fd)
@@ -290,6 +340,7 @@ class EventStore:
         batch = self._batch
         # Encode everything first: a RecordTooLarge leaves the session unchanged.
         new = [encode_record(sess.last_seq + i, ts, ev) for i, ev in enumerate(events, 1)]
+        start = sess.end
         out = []
         for ev, line in zip(events, new):
             sess.last_seq += 1
@@ -298,6 +349,9 @@ class EventStore:
         lines = batch.lines.get(session_id)
         if lines is None:
             batch.lines[session_id] = new
+            batch.offsets[session_id] = start
+            if self.journal:
+                self._journaled[session_id] = self._batch_no + 1  # the filling batch's number
         else:
             lines.extend(new)
         batch.last_seq[session_id] = sess.last_seq
@@ -375,7 +429,7 @@ class EventStore:
         try:
             while True:
                 batch = self._batch
-                if not batch.lines:
+                if not batch.lines and not batch.births:
                     if self._closing:
                         return
                     await self._wake.wait()
@@ -383,8 +437,14 @@ class EventStore:
                     continue
                 self._batch = _Batch()
                 self._committing = batch
+                self._batch_no += 1
+                batch.no = self._batch_no
                 try:
-                    await trio.to_thread.run_sync(self._commit_sync, batch)
+                    async with self._io_lock:
+                        if self.journal:
+                            devs = await trio.to_thread.run_sync(self._commit_journal_sync, batch)
+                        else:
+                            await trio.to_thread.run_sync(self._commit_sync, batch)
                 except OSError as e:
                     self._fail(e)
                     batch.error = e
@@ -394,6 +454,12 @@ class EventStore:
                     self._batch.done.set()
                     batch.done.set()
                     return
+                self._committed_no = batch.no
+                if self.journal:
+                    self._dirty_devs |= devs
+                    if not HAVE_SYNCFS:
+                        self._dirty_sids.update(batch.lines)
+                    self._sync_wake.set()
                 n = batch.records
                 st = self._stats
                 st[0] += 1
@@ -417,31 +483,80 @@ class EventStore:
         finally:
             self._stopped.set()
 
-    def _commit_sync(self, batch: _Batch) -> None:
-        """In a worker thread: one write per dirty file, then one durability step."""
-        fs = self.fs
+    def _log_fd(self, sid: str, dirty: set[int] | None = None) -> int:
+        """The append descriptor of a session's log (in the committer's thread);
+        an evicted descriptor in `dirty` is synced before it is closed."""
         fds = self._fds
-        dirty: list[int] = []
+        fd = fds.get(sid)
+        if fd is not None:
+            fds.move_to_end(sid)
+            return fd
+        fs = self.fs
+        fd = fs.open_append(log_path(self.root, sid))
+        fds[sid] = fd
+        if sid not in self._devs:
+            self._devs[sid] = self._device_of(sid, fd)
+        if len(fds) > self.max_open:
+            _, old_fd = fds.popitem(last=False)
+            if dirty is not None and old_fd in dirty:
+                fs.fdatasync(old_fd)
+                dirty.discard(old_fd)
+            fs.close(old_fd)
+        return fd
+
+    def _commit_journal_sync(self, batch: _Batch) -> set[int]:
+        """In a worker thread: the batch's frame to the journal, one fdatasync,
+        then each session's lines to its log (no sync). Returns the devices of
+        the logs written."""
+        fs = self.fs
+        joined = {sid: lines[0] if len(lines) == 1 else b"".join(lines) for sid, lines in batch.lines.items()}
+        entries: list[Entry] = [birth(sid) for sid in batch.births]
+        last, offsets = batch.last_seq, batch.offsets
+        for sid, data in joined.items():
+            entries.append((sid, last[sid] - len(batch.lines[sid]) + 1, offsets[sid], data))
+        frame = encode_frame(batch.no, entries)
+        if self._seg_fd is None:
+            self._open_segment(batch.no)
+        assert self._seg_fd is not None
+        fs.write(self._seg_fd, frame)
+        fs.fdatasync(self._seg_fd)
+        self._seg_size += len(frame)
+        devices: set[int] = set()
+        devs = self._devs
+        for sid, data in joined.items():
+            fs.write(self._log_fd(sid), data)
+            devices.add(devs[sid])
+        if self._seg_size >= SEGMENT_BYTES:
+            self._close_segment()
+        return devices
+
+    def _open_segment(self, first_batch: int) -> None:
+        folder = journal_dir(self.root)
+        path = os.path.join(folder, segment_name(first_batch))
+        fd = self.fs.create_exclusive(path)
+        try:
+            self.fs.fsync_dir(folder)  # the segment's name is durable before anything in it is acknowledged
+        except BaseException:
+            self.fs.close(fd)
+            raise
+        self._seg_fd, self._seg_path, self._seg_size = fd, path, 0
+
+    def _close_segment(self) -> None:
+        if self._seg_fd is not None:
+            fd, self._seg_fd = self._seg_fd, None
+            self._segments.append(self._seg_path)
+            self.fs.close(fd)
+
+    def _commit_sync(self, batch: _Batch) -> None:
+        """In a worker thread (direct modes): one write per dirty file, then one durability step."""
+        fs = self.fs
         per_file = self.sync_mode == "fdatasync" or (self.sync_mode == "auto" and len(batch.lines) == 1)
+        dirty: set[int] = set()
         devices: set[int] = set()
         for sid, lines in batch.lines.items():
-            fd = fds.get(sid)
-            if fd is None:
-                fd = fs.open_append(log_path(self.root, sid))
-                fds[sid] = fd
-                if sid not in self._devs:
-                    self._devs[sid] = self._device_of(sid, fd)
-                if len(fds) > self.max_open:
-                    old_sid, old_fd = fds.popitem(last=False)
-                    if per_file and old_fd in dirty:
-                        fs.fdatasync(old_fd)
-                        dirty.remove(old_fd)
-                    if not per_file or old_fd not in dirty:
-                        fs.close(old_fd)
-            else:
-                fds.move_to_end(sid)
+            fd = self._log_fd(sid, dirty if per_file else None)
             fs.write(fd, lines[0] if len(lines) == 1 else b"".join(lines))
-            dirty.append(fd)
+            dirty.add(fd)
             devices.add(self._devs[sid])
         if per_file:
             for fd in dirty:
@@ -460,15 +575,81 @@ class EventStore:
             self._dev_fds[dev] = self.fs.open_dir(session_dir(self.root, sid))
         return dev
 
+    # -- the journal's round: sync the logs, remove covered segments -------
+
+    async def _sync_loop(self) -> None:
+        with self._sync_scope:
+            while True:
+                await self._sync_wake.wait()
+                self._sync_wake = trio.Event()
+                await trio.sleep(self.journal_sync_interval)
+                await self._sync_round()
+
+    async def _sync_round(self) -> None:
+        """Make every log write of batches up to the last committed one durable
+        with one syncfs per device, then remove the journal segments holding
+        only those batches (see journal.py). Shielded: a round is never left
+        half done by a cancel (it is bounded by one sync)."""
+        with trio.CancelScope(shield=True):
+            async with self._sync_lock:
+                if self._broken is not None:
+                    return
+                async with self._io_lock:  # between two batches: nothing half written
+                    upto = self._committed_no
+                    if upto <= self._trimmed_upto:
+                        return
+                    if self._seg_fd is not None:
+                        await trio.to_thread.run_sync(self._close_segment)
+                    segments, self._segments = self._segments, []
+                    devs, self._dirty_devs = self._dirty_devs, set()
+                    sids, self._dirty_sids = self._dirty_sids, set()
+                try:
+                    await trio.to_thread.run_sync(self._sync_logs_sync, devs, sids)
+                    await trio.to_thread.run_sync(self._trim_sync, segments)
+                except OSError as e:
+                    self._fail(e)  # fatal, as any failed sync: the journal keeps the records
+                    return
+                self._trimmed_upto = upto
+                self._stats[4] += 1
+                self._stats[5] += len(segments)
+                self._journaled = {s: n for s, n in self._journaled.items() if n > upto}
+
+    def _sync_logs_sync(self, devs: set[int], sids: set[str]) -> None:
+        fs = self.fs
+        if HAVE_SYNCFS:
+            for dev in devs:
+                fs.syncfs(self._dev_fds[dev])
+            return
+        for sid in sids:  # no syncfs: each written log  # pragma: no cover (Linux has syncfs)
+            if sid in self._sessions:
+                fd = fs.open_append(log_path(self.root, sid))
+                try:
+                    fs.fdatasync(fd)
+                finally:
+                    fs.close(fd)
+
+    def _trim_sync(self, segments: list[str]) -> None:
+        for path in segments:
+            self.fs.unlink(path)
+        if segments:
+            self.fs.fsync_dir(journal_dir(self.root))
+
     # -- lifecycle --------------------------------------------------------
 
     def _prepare_sync(self) -> None:
+        """Before anything reads a log: the folders, and the journal a crash
+        left re-applied to the logs (whatever this store's sync_mode)."""
         fs = self.fs
         fs.makedirs(os.path.join(self.root, SESSIONS_DIR))
         fs.fsync_dir(os.path.join(self.root, SESSIONS_DIR))
+        self.journal_recovery = apply_journal(fs, self.root)
+        if self.journal:
+            fs.makedirs(journal_dir(self.root))
+            fs.fsync_dir(journal_dir(self.root))
         fs.fsync_dir(self.root)
 
     def _close_sync(self) -> None:
+        self._close_segment()
         for fd in [*self._fds.values(), *self._dev_fds.values()]:
             try:
                 self.fs.close(fd)
@@ -478,8 +659,8 @@ class EventStore:
         self._dev_fds.clear()
 
     def statistics(self) -> CommitStatistics:
-        b, r, largest, files = self._stats
-        return CommitStatistics(b, r, largest, files, self._batch.waiters, self.sync_mode)
+        b, r, largest, files, rounds, removed = self._stats
+        return CommitStatistics(b, r, largest, files, self._batch.waiters, self.sync_mode, rounds, removed)
 
     @property
     def broken(self) -> BaseException | None:
@@ -487,8 +668,9 @@ class EventStore:
 
 
 @asynccontextmanager
-async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "auto",
-                           max_open: int = MAX_OPEN_LOGS) -> AsyncIterator[EventStore]:
+async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
+                           max_open: int = MAX_OPEN_LOGS,
+                           journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> AsyncIterator[EventStore]:
     """Open the store's write side; the committer runs until the block exits,
     and everything appended inside the block is committed before it does.
 
@@ -498,7 +680,8 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
     block is left, after the last batch. Closing descriptors and the root lock
     is shielded too, so a cancelled exit never leaks them.
     """
-    store = EventStore(root, fs=fs, sync_mode=sync_mode, max_open=max_open)
+    store = EventStore(root, fs=fs, sync_mode=sync_mode, max_open=max_open,
+                       journal_sync_interval=journal_sync_interval)
     lock_fd = lock_root(root)
     try:
         with trio.CancelScope(shield=True):
@@ -512,6 +695,8 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store._run_shielded)
+            if store.journal:
+                nursery.start_soon(store._sync_loop)
             try:
                 yield store
             finally:
@@ -520,6 +705,9 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
                     store._wake.set()
                     await store._stopped.wait()
                     store._closed = True
+                    store._sync_scope.cancel()
+                    if store.journal:
+                        await store._sync_round()  # a clean stop leaves the logs synced, no journal
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store._close_sync)

@@ -9,6 +9,11 @@ crash the log still holds records 1..S ending at E (a torn tail is always
 past the last durable record, because nothing is acknowledged, and no
 checkpoint is written, before its sync).
 
+First, with `repair`, the write-ahead journal a crash left is applied to the
+logs (eventstore/journal.py): after that every acknowledged record is in its
+log and the rest of this holds unchanged. Read-only callers (verify, a dry
+run) see the logs as they are.
+
 For each session folder with a log:
   - if the checkpoint has it and the log is at least E bytes long, read only
     the bytes from E, decode them expecting seq S+1 first, and fold them into
@@ -45,6 +50,7 @@ from dataclasses import dataclass, field
 from eventstore.errors import CorruptRecord, TornTail
 from eventstore.events import SessionDeleted
 from eventstore.fsio import FileOps
+from eventstore.journal import JournalRecovery, apply_journal
 from eventstore.record import Record
 from eventstore.log import LOG_NAME, log_path, read_log, repair_torn_tail, scan, session_dir, session_folders
 
@@ -69,6 +75,7 @@ class RecoveryReport:
     orphans: list[str] = field(default_factory=list)       # folders without a log, kept: what is in them
     tail_replayed: list[str] = field(default_factory=list)  # sessions read only past their checkpoint
     temp_files: list[str] = field(default_factory=list)    # left-over temp files removed
+    journal: JournalRecovery = field(default_factory=JournalRecovery)  # what the journal gave back
     seconds: float = 0.0
 
 
@@ -172,6 +179,8 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
     in a worker thread). Unfinished deletions are completed."""
     t0 = time.perf_counter()
     report = RecoveryReport()
+    if repair:  # before anything reads a log or the checkpoint (a no-op once the event store applied it)
+        report.journal = apply_journal(fs, root)
     ckpt: IndexCheckpoint | None = None
     if use_checkpoint:
         ckpt, report.checkpoint = read_index(fs, root)

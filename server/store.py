@@ -64,7 +64,8 @@ class StoreConfig:
     progress_slots: int = 1               # phases of the saver's interval (see server/inflight.py SLOTS)
     stall_timeout: float = STALL_TIMEOUT
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
-    sync_mode: SyncMode = "auto"
+    sync_mode: SyncMode = "journal"       # see eventstore/commit.py and journal.py
+    journal_sync_interval: float = 1.0    # logs synced and journal segments removed this often
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     state_cache: int = 256                # loaded sessions kept in memory besides running ones
     # After startup, check in the background the part of each log that the
@@ -797,6 +798,7 @@ class SessionStore:
 
     async def _start(self) -> None:
         registry, found, report = await trio.to_thread.run_sync(recover_registry, self.fs, self.root)
+        report.journal = self.es.journal_recovery  # applied when the event store opened
         self.recovery = report
         for sid, rec in found.items():
             self.es.register(sid, rec.seq, rec.end, rec.corrupt)
@@ -811,7 +813,8 @@ class SessionStore:
             (logging.INFO, "removed the interrupted creation of session %s (it was never acknowledged)",
              report.unfinished_creations),
             (logging.WARNING, "orphan folder: %s", report.orphans),
-            (logging.INFO, "removed a left-over file: %s", report.temp_files)]
+            (logging.INFO, "removed a left-over file: %s", report.temp_files),
+            (logging.WARNING, "%s", report.journal.notes)]
         for level, fmt, items in said:
             for item in items:
                 log.log(level, fmt, item)
@@ -959,7 +962,8 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
     and a normal or cancelled exit shuts down gracefully."""
     config = config or StoreConfig()
     root = os.path.abspath(root)
-    async with open_event_store(root, fs=fs, sync_mode=config.sync_mode) as es:
+    async with open_event_store(root, fs=fs, sync_mode=config.sync_mode,
+                                journal_sync_interval=config.journal_sync_interval) as es:
         store = SessionStore(root, es, fs, config, titler or KeywordTitler())
         await store._start()
         try:
