@@ -1,0 +1,223 @@
+"""The write-ahead journal (eventstore/journal.py): what it holds, what a start
+gives back from it, and what it refuses to give back. Power cuts over the
+whole path are in test_powerloss.py."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+import pytest
+import trio
+
+from eventstore import open_event_store
+from eventstore.events import SessionCreated, SessionDeleted, SessionRenamed
+from eventstore.fsio import OS_FILES
+from eventstore.journal import apply_journal, decode_frames, encode_frame, journal_dir, list_segments
+from eventstore.log import log_path, read_log, scan
+
+from .conftest import child, read_logs
+from .simdisk import RecordingFS, crash_image
+
+
+def segments(root: str) -> list[str]:
+    return [p for _, p in list_segments(OS_FILES, root)[0]]
+
+
+async def test_a_batch_is_one_frame_and_its_lines_are_in_the_log_when_acknowledged(root):
+    async with open_event_store(root, journal_sync_interval=3600) as es:
+        await es.create("s1", [SessionCreated(session_id="s1", created_at=1.0)])
+        await es.create("s2", [SessionCreated(session_id="s2", created_at=1.0)])
+        es.append_nowait("s1", SessionRenamed(title="a"))
+        await es.append("s2", SessionRenamed(title="b"))
+        # acknowledged: in the journal (synced) and in both logs (page cache)
+        (seg,) = segments(root)
+        frames, end, why = decode_frames(OS_FILES.read_bytes(seg), 1)
+        assert why is None and [no for no, _ in frames] == [1]
+        (entries,) = [e for _, e in frames]
+        assert {(sid, seq) for sid, seq, _, _ in entries} == {("s1", 2), ("s2", 2)}
+        for sid, seq, offset, data in entries:
+            assert read_log(OS_FILES, root, sid)[offset:] == data
+        assert es.statistics().sync_mode == "journal"
+    assert segments(root) == [], "a clean stop syncs the logs and removes the journal"
+    assert os.listdir(journal_dir(root)) == []
+
+
+async def test_a_round_syncs_the_logs_and_removes_the_segments_it_covers(root):
+    async with open_event_store(root, journal_sync_interval=0) as es:
+        await es.create("s1", [SessionCreated(session_id="s1", created_at=1.0)])
+        for i in range(5):
+            await es.append("s1", SessionRenamed(title=f"t{i}"))
+            with trio.fail_after(10):
+                while es.statistics().log_syncs < i + 1:
+                    await trio.sleep(0.01)
+            assert len(segments(root)) <= 1
+        assert es.statistics().segments_removed >= 4
+
+
+def _power_cut_image(tmp_path, work, mode: str) -> tuple[str, RecordingFS]:
+    live = str(tmp_path / "live")
+    fs = RecordingFS(live)
+    trio.run(work, live, fs)
+    image = str(tmp_path / f"image-{mode}")
+    crash_image(fs.ops, mode, image)
+    return image, fs
+
+
+@pytest.mark.parametrize("mode", ["drop", "torn", "zeros"])
+def test_a_start_gives_back_what_only_the_journal_held(tmp_path, mode):
+    """A power cut after the journal's sync, before the logs were synced: the
+    logs lose, tear or zero their last lines; the start writes them back."""
+    want: dict[str, bytes] = {}
+
+    async def work(live: str, fs: RecordingFS) -> None:
+        # a round never runs (interval 3600) and the block is never left: the cut
+        # comes while the store is open, as a power cut does
+        with trio.CancelScope() as cs:
+            async with open_event_store(live, fs=fs, journal_sync_interval=3600) as es:
+                for sid in ("a", "b"):
+                    await es.create(sid, [SessionCreated(session_id=sid, created_at=1.0)])
+                for i in range(3):
+                    await es.append_many("a", [SessionRenamed(title=f"a{i}"), SessionRenamed(title="x" * 50)])
+                    await es.append("b", SessionRenamed(title=f"b{i}"))
+                for sid in ("a", "b"):
+                    want[sid] = read_log(OS_FILES, live, sid)
+                cs.cancel()
+                fs.ops.append(("cut",))  # marks where the image is taken
+                await trio.sleep_forever()
+
+    live = str(tmp_path / "live")
+    fs = RecordingFS(live)
+    trio.run(work, live, fs)
+    cut = fs.ops.index(("cut",))
+    image = str(tmp_path / "image")
+    crash_image(fs.ops[:cut], mode, image)
+    before = {sid: read_log(OS_FILES, image, sid) for sid in want}
+    assert any(before[sid] != want[sid] for sid in want), "the cut must lose something the journal holds"
+    rep = apply_journal(OS_FILES, image)
+    assert rep.records > 0 and set(rep.sessions) <= {"a", "b"}
+    for sid, data in want.items():
+        assert read_log(OS_FILES, image, sid) == data
+        assert scan(sid, data).corrupt is None
+    assert segments(image) == []
+    again = apply_journal(OS_FILES, image)
+    assert again.records == 0 and again.frames == 0, "applied once, then gone"
+
+
+def test_a_session_created_again_under_the_id_of_a_deleted_one_gets_none_of_its_records(tmp_path):
+    """Records of a deleted session still in the journal must not land in a new
+    session of the same id: a birth marker separates them."""
+    new_log: list[bytes] = []
+
+    async def work(live: str, fs: RecordingFS) -> None:
+        with trio.CancelScope() as cs:
+            async with open_event_store(live, fs=fs, journal_sync_interval=3600) as es:
+                await es.create("s", [SessionCreated(session_id="s", created_at=1.0)])
+                for i in range(4):
+                    await es.append("s", SessionRenamed(title=f"old {i} " + "y" * 40))
+                await es.append("s", SessionDeleted())
+                await es.remove("s")
+                await es.create("s", [SessionCreated(session_id="s", created_at=2.0)])
+                await es.append("s", SessionRenamed(title="new"))
+                new_log.append(read_log(OS_FILES, live, "s"))
+                cs.cancel()
+                fs.ops.append(("cut",))
+                await trio.sleep_forever()
+
+    live = str(tmp_path / "live")
+    fs = RecordingFS(live)
+    trio.run(work, live, fs)
+    for mode in ("drop", "keep", "torn", "zeros"):
+        image = str(tmp_path / f"image-{mode}")
+        crash_image(fs.ops[: fs.ops.index(("cut",))], mode, image)
+        apply_journal(OS_FILES, image)
+        assert read_log(OS_FILES, image, "s") == new_log[0], mode
+
+
+def _copy_while_open(tmp_path, work) -> str:
+    """Run `work(es)` on an open store and copy its folder before the clean
+    stop (which would sync the logs and remove the journal): what a kill leaves."""
+    live, copy = str(tmp_path / "live"), str(tmp_path / "copy")
+
+    async def run() -> None:
+        async with open_event_store(live, journal_sync_interval=3600) as es:
+            await work(es)
+            shutil.copytree(live, copy, ignore=shutil.ignore_patterns(".lock"))
+    trio.run(run)
+    return copy
+
+
+def test_damage_in_the_journal_is_reported_and_applies_nothing_wrong(tmp_path):
+    async def work(es) -> None:  # type: ignore[no-untyped-def]
+        await es.create("s", [SessionCreated(session_id="s", created_at=1.0)])
+        for i in range(3):
+            await es.append("s", SessionRenamed(title=f"t{i}"))
+    root = _copy_while_open(tmp_path, work)
+    good = read_log(OS_FILES, root, "s")
+    (seg,) = segments(root)
+    data = bytearray(OS_FILES.read_bytes(seg))
+    # lose the log's last two records, as a power cut would, and flip a bit
+    # inside the journal's second frame
+    lines = good.splitlines(keepends=True)
+    with open(log_path(root, "s"), "r+b") as f:
+        f.truncate(len(b"".join(lines[:2])))
+    frames, _, _ = decode_frames(bytes(data), 1)
+    first_len = len(encode_frame(1, frames[0][1]))
+    data[first_len + 30] ^= 0x40
+    with open(seg, "wb") as f:
+        f.write(data)
+    rep = apply_journal(OS_FILES, root)
+    assert any("bad checksum" in n for n in rep.notes), rep.notes
+    s = scan("s", read_log(OS_FILES, root, "s"))
+    assert s.corrupt is None and [r.seq for r in s.records] == [1, 2], "nothing past the damage is invented"
+
+
+def test_a_log_shorter_than_its_synced_part_is_reported_not_patched(tmp_path):
+    async def work(es) -> None:  # type: ignore[no-untyped-def]
+        await es.create("s", [SessionCreated(session_id="s", created_at=1.0)])
+        await es.append("s", SessionRenamed(title="one"))
+        await es.append("s", SessionRenamed(title="two"))
+    root = _copy_while_open(tmp_path, work)
+    with open(log_path(root, "s"), "r+b") as f:
+        f.truncate(10)  # a disk that lost synced data
+    rep = apply_journal(OS_FILES, root)
+    assert rep.records == 0 and any("fewer than" in n for n in rep.notes), rep.notes
+    assert len(read_log(OS_FILES, root, "s")) == 10
+
+
+STREAM_AND_WAIT = r"""
+import sys, trio
+from server.store import StoreConfig, open_session_store
+async def main():
+    cfg = StoreConfig(journal_sync_interval=3600)
+    async with open_session_store(sys.argv[1], config=cfg) as store:
+        meta, _ = await store.create_session(first_message="hi")
+        async with store.inflight(meta.id) as msg:
+            for i in range(50):
+                msg.write("word ")
+                store.saver.flush(msg)
+            await store.es.flush()
+            print(meta.id, msg.msg_id, flush=True)
+            await trio.sleep_forever()
+trio.run(main)
+"""
+
+
+async def test_sigkill_mid_stream_then_a_start_applies_and_removes_the_journal(root):
+    from server.store import open_session_store
+    p = child(STREAM_AND_WAIT, root)
+    assert p.stdout is not None
+    line = await trio.to_thread.run_sync(p.stdout.readline)
+    assert line, p.stderr.read() if p.stderr else ""
+    sid, mid = line.split()
+    os.kill(p.pid, signal.SIGKILL)
+    await trio.to_thread.run_sync(p.wait, 30)
+    assert segments(root), "the killed server's journal is still there"
+    before = read_logs(root)[sid]
+    async with open_session_store(root) as store:
+        assert store.recovery.journal.frames > 0
+        assert store.recovery.journal.records == 0, "a kill keeps the page cache: the logs already held it all"
+        m = (await store.load_session(sid)).messages[mid]
+        assert m.status == "aborted" and m.content == "word " * 50
+    assert read_logs(root)[sid].startswith(before)
+    assert segments(root) == []
