@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -41,8 +42,11 @@ FEED_EVERY = 0.1
 CHARS_PER_FEED = 12
 
 
-async def run_streams(root: str, n: int, seconds: float, per_task: bool) -> dict[str, Any]:
-    config = StoreConfig(checkpoint_interval=3600, snapshot_interval=3600, stall_timeout=3600)
+async def run_streams(root: str, n: int, seconds: float, per_task: bool, sync_mode: str = "journal",
+                      slots: int | None = None) -> dict[str, Any]:
+    config = StoreConfig(checkpoint_interval=3600, snapshot_interval=3600, stall_timeout=3600,
+                         sync_mode=sync_mode,  # type: ignore[arg-type]
+                         **({} if slots is None else {"progress_slots": slots}))
     async with open_session_store(root, config=config) as store:
         sids = []
         limiter = trio.CapacityLimiter(64)
@@ -124,11 +128,13 @@ async def run_streams(root: str, n: int, seconds: float, per_task: bool) -> dict
             records = appended[0] - a0
             ticks, late = store.saver.ticks - ticks0, store.saver.late_ticks - late0
             stop.set()
+            timing = store.es.timing.summary()
+    print(f"  {n} streams, {sync_mode}/{slots}: {timing}", flush=True)
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.join(root, "sessions"))
                for f in fs if f == "log.jsonl")
     offered = n / INTERVAL
     return {
-        "streams": n, "offered/s": offered, "records/s": records / elapsed,
+        "streams": n, "mode": f"{sync_mode}/{slots or config.progress_slots}", "offered/s": offered, "records/s": records / elapsed,
         "uncommitted at end": max(0, records - (st1.records - st0.records)),
         "on-time %": 100.0 * (1 - late / max(1, ticks)),
         "durable p50 ms": pct(latencies, 50) * 1e3, "durable p99 ms": pct(latencies, 99) * 1e3,
@@ -198,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--per-task", action="store_true", help="one sleeping task per producer")
+    ap.add_argument("--modes", default="journal",
+                    help="comma-separated sync_mode[/slots] to run, e.g. journal,journal/1,auto/1")
     ap.add_argument("--profile", action="store_true",
                     help="profile the runs with pyinstrument (pip install pyinstrument) and print where the time goes")
     a = ap.parse_args(argv)
@@ -206,27 +214,32 @@ def main(argv: list[str] | None = None) -> int:
     runs = a.runs or (1 if a.quick else 3)
     rows = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
-        for n in counts:
-            rs = []
-            for r in range(runs):
-                root = os.path.join(d, f"s{n}-{r}")
-                if a.profile:
-                    from pyinstrument import Profiler
-                    prof = Profiler(interval=0.001)
-                    prof.start()
-                rs.append(trio.run(run_streams, root, n, seconds, a.per_task))
-                if a.profile:
-                    prof.stop()
-                    print(prof.output_text(unicode=False, color=False, show_all=False))
-            mid = sorted(rs, key=lambda x: x["records/s"])[len(rs) // 2]
-            rows.append(mid)
+        for spec in a.modes.split(","):
+            sync_mode, _, slots = spec.partition("/")
+            for n in counts:
+                rs = []
+                for r in range(runs):
+                    root = os.path.join(d, f"s{n}-{r}-{sync_mode}-{slots}")
+                    if a.profile:
+                        from pyinstrument import Profiler
+                        prof = Profiler(interval=0.001)
+                        prof.start()
+                    rs.append(trio.run(run_streams, root, n, seconds, a.per_task, sync_mode,
+                                       int(slots) if slots else None))
+                    if a.profile:
+                        prof.stop()
+                        print(prof.output_text(unicode=False, color=False, show_all=False))
+                    shutil.rmtree(root, ignore_errors=True)
+                mid = sorted(rs, key=lambda x: x["records/s"])[len(rs) // 2]
+                rows.append(mid)
         bs = 2.0 if a.quick else 4.0
         fs = median([baseline_fsync(os.path.join(d, "fs"), bs) for _ in range(runs)])
         sn = median([baseline_snapshot(os.path.join(d, "sn"), bs) for _ in range(runs)])
         sq = median([baseline_sqlite(os.path.join(d, "sq"), bs) for _ in range(runs)])
     mode = "one task per producer" if a.per_task else "one driver task"
     print(table(f"throttle path ({mode}), median of {runs} run(s) of {seconds}s, interval {INTERVAL}s", rows))
-    ours = max([r["streams"] for r in rows if r["kept up"] and r["on-time %"] >= 99] or [0])
+    main_rows = [r for r in rows if r["mode"] == rows[0]["mode"]]  # the first mode is judged
+    ours = max([r["streams"] for r in main_rows if r["kept up"] and r["on-time %"] >= 99] or [0])
     base = [{"design": "sessionlog (largest N kept up, on time)", "durable updates/s": ours / INTERVAL,
              "sustainable streams": ours, "ours / it": 1.0},
             {"design": "(a) fsync per record", "durable updates/s": fs, "sustainable streams": fs * INTERVAL,
@@ -236,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             {"design": "(c) SQLite WAL FULL, batched", "durable updates/s": sq, "sustainable streams": sq * INTERVAL,
              "ours / it": ours / max(1e-9, sq * INTERVAL)}]
     print(table("baselines, same run (sustainable streams = updates/s x 0.25 s)", base))
-    top = rows[-1]
+    top = main_rows[-1]
     print(verdict(f"{top['streams']} streams: records/s vs offered {top['offered/s']:.0f}", top["records/s"],
                   0.99 * top["offered/s"]))
     print(verdict("on-time intervals %", top["on-time %"], 99.0))

@@ -33,9 +33,15 @@ file and syncfs for more. bench/ measures them all; see bench/README.md for
 why "journal" (one file and one sync per batch, whatever the number of
 sessions in it).
 
-Either way the batch's lines are in the logs (at least in the page cache)
-before any waiter of the batch wakes: readers of a log see every
-acknowledged record.
+In the journal mode the batch's waiters wake when the journal's fdatasync
+returns; a second task (the log writer) then writes the lines to the logs,
+oldest batch first, one write per session for as many batches as queued up,
+so a slow log write (a filesystem busy with the round's syncfs) never delays
+an acknowledgement. `flush()` waits until everything appended is durable
+*and* in its log: every reader of a log (load, resume, the background check,
+`remove()`) calls it first. `durable_seq` is what is acknowledged;
+`written_seq`/`durable_end` what a reader of the file finds (checkpoints
+record those). In the direct modes both move together.
 
 A failed write or sync is fatal: every waiter of that batch gets StoreBroken,
 no further append is accepted, and nothing is retried (after a failed fsync
@@ -76,7 +82,11 @@ JOURNAL_SYNC_INTERVAL: Final = 1.0
 # Open log descriptors kept for appends: enough for every streaming session of
 # a busy server (bench/: 10,000 streams), bounded so that more sessions never
 # exhaust the process's descriptors; at open, the soft RLIMIT_NOFILE is raised
-# toward the hard one and the cap is kept at half of what is allowed.
+# toward the hard one and a quarter of what is allowed (at least 256) is left
+# for everything else (sockets, snapshots). Sessions written in turn (every
+# stream each tick) beyond the cap miss the LRU on every write (an open and a
+# close per batch): bench/ measured 10,000 streams under a cap of 9,872
+# spending 40 % of the committer's thread on that. Raise `ulimit -n` for more.
 MAX_OPEN_LOGS: Final = 16384
 
 
@@ -90,7 +100,7 @@ def _descriptor_budget(wanted: int) -> int:
             soft = target
         except (ValueError, OSError):
             pass
-    return max(16, min(wanted, (soft - 256) // 2))
+    return max(16, min(wanted, soft - max(256, soft // 4)))
 
 # The listener sees every record as it is appended (not yet durable):
 # (session_id, record, byte offset just past the record).
@@ -113,6 +123,27 @@ class CommitStatistics(NamedTuple):
     segments_removed: int = 0
 
 
+class Timing:
+    """Count, total and largest duration of each step of the write path."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[float]] = {}
+
+    def add(self, step: str, seconds: float) -> None:
+        s = self.steps.get(step)
+        if s is None:
+            self.steps[step] = [1, seconds, seconds]
+        else:
+            s[0] += 1
+            s[1] += seconds
+            if seconds > s[2]:
+                s[2] = seconds
+
+    def summary(self) -> str:
+        return ", ".join(f"{k}: {int(n)} x {1e3 * t / n:.2f} ms avg, {1e3 * m:.1f} ms max"
+                         for k, (n, t, m) in self.steps.items())
+
+
 class _Batch:
     __slots__ = ("done", "error", "lines", "last_seq", "offsets", "births", "records", "waiters", "opened", "no")
 
@@ -130,14 +161,15 @@ class _Batch:
 
 
 class _Session:
-    __slots__ = ("last_seq", "end", "durable_seq", "durable_end", "corrupt", "deleted")
+    __slots__ = ("last_seq", "end", "durable_seq", "written_seq", "written_end", "corrupt", "deleted")
 
     def __init__(self, last_seq: int, end: int, corrupt: CorruptRecord | None) -> None:
         self.deleted = False  # its tombstone is appended: nothing may follow it
         self.last_seq = last_seq
         self.end = end
-        self.durable_seq = last_seq
-        self.durable_end = end
+        self.durable_seq = last_seq   # acknowledged (in the journal, or synced in the log)
+        self.written_seq = last_seq   # durable and in the log file (page cache at least)
+        self.written_end = end
         self.corrupt = corrupt
 
 
@@ -158,6 +190,7 @@ class EventStore:
         self.journal = self.sync_mode == "journal"
         self.journal_sync_interval = journal_sync_interval
         self.journal_recovery = JournalRecovery()  # what opening the store re-applied
+        self.timing = Timing()  # where the committer's time goes (bench/, metrics)
         self.max_open = _descriptor_budget(max_open)
         self.listeners: list[Listener] = []
         # Called after each durable batch with (records, perf_counter() of its
@@ -182,17 +215,23 @@ class EventStore:
         self._broken: BaseException | None = None
         self._stats = [0, 0, 0, 0, 0, 0]  # batches, records, largest, files synced, log syncs, segments removed
         # the journal (sync_mode "journal")
-        self._io_lock = trio.Lock()
+        self._io_lock = trio.Lock()   # the journal's segment (committer, round)
+        self._fd_lock = trio.Lock()   # the log descriptors (log writer, remove)
+        self._unwritten: list[_Batch] = []   # durable batches whose lines wait for the log writer
+        self._write_wake = trio.Event()
+        self._written = trio.Event()  # set (and replaced) each time _written_no moves
+        self._written_no = 0          # the last batch whose lines are in the logs
+        self._commit_done = False
         self._sync_lock = trio.Lock()
         self._sync_wake = trio.Event()
         self._sync_scope = trio.CancelScope()
         self._batch_no = 0            # the last batch number given
-        self._committed_no = 0        # the last batch written to the journal and the logs
-        self._trimmed_upto = 0        # every batch up to this one is synced in the logs
+        self._committed_no = 0        # the last durable batch
+        self._trimmed_upto = 0        # the journal holds no batch up to this one
         self._seg_fd: int | None = None
         self._seg_path = ""
         self._seg_size = 0
-        self._segments: list[str] = []            # closed segments not yet removed
+        self._segments: list[tuple[str, int]] = []  # closed segments not yet removed, with their last batch
         self._journaled: dict[str, int] = {}      # session -> the last batch holding its records
         self._dirty_devs: set[int] = set()        # devices with log writes since the last round
         self._dirty_sids: set[str] = set()        # the same, by session, where there is no syncfs
@@ -216,8 +255,14 @@ class EventStore:
     def durable_seq(self, session_id: str) -> int:
         return self._session(session_id).durable_seq
 
+    def written_seq(self, session_id: str) -> int:
+        """The last record that is durable *and* in the log file."""
+        return self._session(session_id).written_seq
+
     def durable_end(self, session_id: str) -> int:
-        return self._session(session_id).durable_end
+        """Where `written_seq` ends in the log: a reader of the file finds
+        every record up to here, and a crash loses none of them."""
+        return self._session(session_id).written_end
 
     def corruption(self, session_id: str) -> CorruptRecord | None:
         return self._session(session_id).corrupt
@@ -235,6 +280,7 @@ class EventStore:
 
     def _fail(self, error: BaseException) -> None:
         """The store is broken from now on; tell the failure listeners once."""
+        self._written.set()  # flush() waiters see the failure
         if self._broken is None:
             self._broken = error
             for listener in self.failure_listeners:
@@ -306,9 +352,9 @@ class EventStore:
         """Remove a session's folder (after its tombstone is durable) and forget it."""
         self._check_open()
         sess = self._session(session_id)
-        if sess.durable_seq < sess.last_seq:
-            await self.wait_durable(session_id, sess.last_seq)
-        async with self._io_lock:  # not while the committer's thread uses the descriptors
+        if sess.written_seq < sess.last_seq:
+            await self.flush()  # durable, and no line of it waits to be written
+        async with self._fd_lock:  # not while a worker thread uses the descriptors
             self._sessions.pop(session_id, None)
             self._devs.pop(session_id, None)
             fd = self._fds.pop(session_id, None)
@@ -408,22 +454,34 @@ class EventStore:
                 await self._wait(self._batch)
 
     async def flush(self) -> None:
-        """Wait until everything appended so far is durable.
+        """Wait until everything appended so far is durable and in its log
+        file (what a reader of the logs needs).
 
-        Batches become durable in order, so waiting for the newest one that
-        holds a record appended before this call is enough. Both are taken
-        now: once the committing batch is done the committer may already have
-        swapped the filling one in, and `self._batch` is then a new, empty one.
+        Batches are numbered as they are committed and written in order: the
+        filling batch, if it holds anything, becomes the next number; else
+        the last number given is the newest that holds a record appended
+        before this call.
         """
-        last = self._batch if self._batch.records else self._committing
-        if last is not None:
-            await self._wait(last)
+        b = self._batch
+        target = self._batch_no + (1 if b.lines or b.births else 0)
+        while self._written_no < target:
+            if self._broken is not None:
+                self._check_open()
+            await self._written.wait()
 
     # -- the committer ----------------------------------------------------
 
     async def _run_shielded(self) -> None:
-        with trio.CancelScope(shield=True):
-            await self._run()
+        """The committer and (journal mode) the log writer, shielded; the store
+        is stopped once both have finished what was appended."""
+        try:
+            with trio.CancelScope(shield=True):
+                async with trio.open_nursery() as nursery:
+                    if self.journal:
+                        nursery.start_soon(self._write_loop)
+                    await self._run()
+        finally:
+            self._stopped.set()
 
     async def _run(self) -> None:
         try:
@@ -440,10 +498,11 @@ class EventStore:
                 self._batch_no += 1
                 batch.no = self._batch_no
                 try:
-                    async with self._io_lock:
-                        if self.journal:
-                            devs = await trio.to_thread.run_sync(self._commit_journal_sync, batch)
-                        else:
+                    if self.journal:
+                        async with self._io_lock:
+                            await trio.to_thread.run_sync(self._commit_journal_sync, batch)
+                    else:
+                        async with self._fd_lock:
                             await trio.to_thread.run_sync(self._commit_sync, batch)
                 except OSError as e:
                     self._fail(e)
@@ -455,11 +514,6 @@ class EventStore:
                     batch.done.set()
                     return
                 self._committed_no = batch.no
-                if self.journal:
-                    self._dirty_devs |= devs
-                    if not HAVE_SYNCFS:
-                        self._dirty_sids.update(batch.lines)
-                    self._sync_wake.set()
                 n = batch.records
                 st = self._stats
                 st[0] += 1
@@ -470,10 +524,11 @@ class EventStore:
                     sess = self._sessions.get(sid)
                     if sess is not None and seq > sess.durable_seq:
                         sess.durable_seq = seq
-                for sid, lines in batch.lines.items():
-                    sess = self._sessions.get(sid)
-                    if sess is not None:
-                        sess.durable_end += sum(map(len, lines))
+                if self.journal:
+                    self._unwritten.append(batch)  # the log writer's turn
+                    self._write_wake.set()
+                else:
+                    self._mark_written([batch])
                 self._committing = None
                 if self.batch_listeners:
                     now = time.perf_counter()
@@ -481,10 +536,75 @@ class EventStore:
                         bl(n, batch.opened, now)
                 batch.done.set()
         finally:
-            self._stopped.set()
+            self._commit_done = True
+            self._write_wake.set()
+
+    def _mark_written(self, batches: list[_Batch]) -> None:
+        sessions = self._sessions
+        for batch in batches:
+            for sid, lines in batch.lines.items():
+                sess = sessions.get(sid)
+                if sess is not None:
+                    sess.written_seq = batch.last_seq[sid]
+                    sess.written_end += sum(map(len, lines))
+        self._written_no = batches[-1].no
+        self._written.set()
+        self._written = trio.Event()
+
+    async def _write_loop(self) -> None:
+        """Journal mode: write durable batches' lines to their logs, oldest
+        first, several batches at once when they queue up (one write per
+        session for all of them). A failed write is fatal, as a failed sync:
+        the journal keeps the records for the next start."""
+        while True:
+            if self._broken is not None:
+                return  # nothing more is written after a failure; the journal holds these
+            if not self._unwritten:
+                if self._commit_done:
+                    return
+                await self._write_wake.wait()
+                self._write_wake = trio.Event()
+                continue
+            batches, self._unwritten = self._unwritten, []
+            try:
+                async with self._fd_lock:
+                    devs = await trio.to_thread.run_sync(self._write_logs_sync, batches)
+            except OSError as e:
+                self._fail(e)
+                return
+            self._dirty_devs |= devs
+            if not HAVE_SYNCFS:
+                for b in batches:
+                    self._dirty_sids.update(b.lines)
+            self._mark_written(batches)
+            self._sync_wake.set()
+
+    def _write_logs_sync(self, batches: list[_Batch]) -> set[int]:
+        """In a worker thread: each session's lines of these batches, in order,
+        with one write; returns the devices written."""
+        t0 = time.perf_counter()
+        if len(batches) == 1:
+            merged = batches[0].lines
+        else:
+            merged = {}
+            for b in batches:
+                for sid, lines in b.lines.items():
+                    have = merged.get(sid)
+                    if have is None:
+                        merged[sid] = list(lines)
+                    else:
+                        have.extend(lines)
+        fs = self.fs
+        devs = self._devs
+        devices: set[int] = set()
+        for sid, lines in merged.items():
+            fs.write(self._log_fd(sid), lines[0] if len(lines) == 1 else b"".join(lines))
+            devices.add(devs[sid])
+        self.timing.add("logs", time.perf_counter() - t0)
+        return devices
 
     def _log_fd(self, sid: str, dirty: set[int] | None = None) -> int:
-        """The append descriptor of a session's log (in the committer's thread);
+        """The append descriptor of a session's log (in a worker thread holding _fd_lock);
         an evicted descriptor in `dirty` is synced before it is closed."""
         fds = self._fds
         fd = fds.get(sid)
@@ -504,31 +624,26 @@ class EventStore:
             fs.close(old_fd)
         return fd
 
-    def _commit_journal_sync(self, batch: _Batch) -> set[int]:
-        """In a worker thread: the batch's frame to the journal, one fdatasync,
-        then each session's lines to its log (no sync). Returns the devices of
-        the logs written."""
+    def _commit_journal_sync(self, batch: _Batch) -> None:
+        """In a worker thread: the batch's frame to the journal, one fdatasync.
+        The log writer writes the lines to the logs after it."""
         fs = self.fs
-        joined = {sid: lines[0] if len(lines) == 1 else b"".join(lines) for sid, lines in batch.lines.items()}
         entries: list[Entry] = [birth(sid) for sid in batch.births]
         last, offsets = batch.last_seq, batch.offsets
-        for sid, data in joined.items():
-            entries.append((sid, last[sid] - len(batch.lines[sid]) + 1, offsets[sid], data))
+        for sid, lines in batch.lines.items():
+            entries.append((sid, last[sid] - len(lines) + 1, offsets[sid],
+                            lines[0] if len(lines) == 1 else b"".join(lines)))
         frame = encode_frame(batch.no, entries)
+        t0 = time.perf_counter()
         if self._seg_fd is None:
             self._open_segment(batch.no)
         assert self._seg_fd is not None
         fs.write(self._seg_fd, frame)
         fs.fdatasync(self._seg_fd)
         self._seg_size += len(frame)
-        devices: set[int] = set()
-        devs = self._devs
-        for sid, data in joined.items():
-            fs.write(self._log_fd(sid), data)
-            devices.add(devs[sid])
+        self.timing.add("journal", time.perf_counter() - t0)
         if self._seg_size >= SEGMENT_BYTES:
-            self._close_segment()
-        return devices
+            self._close_segment(batch.no)
 
     def _open_segment(self, first_batch: int) -> None:
         folder = journal_dir(self.root)
@@ -541,10 +656,10 @@ class EventStore:
             raise
         self._seg_fd, self._seg_path, self._seg_size = fd, path, 0
 
-    def _close_segment(self) -> None:
+    def _close_segment(self, last_batch: int) -> None:
         if self._seg_fd is not None:
             fd, self._seg_fd = self._seg_fd, None
-            self._segments.append(self._seg_path)
+            self._segments.append((self._seg_path, last_batch))
             self.fs.close(fd)
 
     def _commit_sync(self, batch: _Batch) -> None:
@@ -568,7 +683,7 @@ class EventStore:
                 fs.syncfs(self._dev_fds[dev])
 
     def _device_of(self, sid: str, fd: int) -> int:
-        """The device of a log (in the committer's thread), with a folder
+        """The device of a log (in a worker thread holding _fd_lock), with a folder
         descriptor on that device kept for syncfs."""
         dev = self.fs.device(fd)
         if dev not in self._dev_fds:
@@ -594,25 +709,34 @@ class EventStore:
             async with self._sync_lock:
                 if self._broken is not None:
                     return
-                async with self._io_lock:  # between two batches: nothing half written
-                    upto = self._committed_no
-                    if upto <= self._trimmed_upto:
-                        return
+                # What is in the logs now is what this round's sync covers.
+                upto = self._written_no
+                if upto <= self._trimmed_upto:
+                    return
+                devs, self._dirty_devs = self._dirty_devs, set()
+                sids, self._dirty_sids = self._dirty_sids, set()
+                async with self._io_lock:  # between two journal writes
                     if self._seg_fd is not None:
-                        await trio.to_thread.run_sync(self._close_segment)
-                    segments, self._segments = self._segments, []
-                    devs, self._dirty_devs = self._dirty_devs, set()
-                    sids, self._dirty_sids = self._dirty_sids, set()
+                        await trio.to_thread.run_sync(self._close_segment, self._committed_no)
+                # segments whose every batch is in the logs (oldest first)
+                n = 0
+                while n < len(self._segments) and self._segments[n][1] <= upto:
+                    n += 1
+                segments = self._segments[:n]
                 try:
+                    t0 = time.perf_counter()
                     await trio.to_thread.run_sync(self._sync_logs_sync, devs, sids)
+                    self.timing.add("log sync", time.perf_counter() - t0)
                     await trio.to_thread.run_sync(self._trim_sync, segments)
                 except OSError as e:
                     self._fail(e)  # fatal, as any failed sync: the journal keeps the records
                     return
-                self._trimmed_upto = upto
+                del self._segments[:len(segments)]
                 self._stats[4] += 1
-                self._stats[5] += len(segments)
-                self._journaled = {s: n for s, n in self._journaled.items() if n > upto}
+                if segments:
+                    self._trimmed_upto = segments[-1][1]
+                    self._stats[5] += len(segments)
+                    self._journaled = {s: k for s, k in self._journaled.items() if k > self._trimmed_upto}
 
     def _sync_logs_sync(self, devs: set[int], sids: set[str]) -> None:
         fs = self.fs
@@ -628,8 +752,8 @@ class EventStore:
                 finally:
                     fs.close(fd)
 
-    def _trim_sync(self, segments: list[str]) -> None:
-        for path in segments:
+    def _trim_sync(self, segments: list[tuple[str, int]]) -> None:
+        for path, _ in segments:
             self.fs.unlink(path)
         if segments:
             self.fs.fsync_dir(journal_dir(self.root))
@@ -649,7 +773,7 @@ class EventStore:
         fs.fsync_dir(self.root)
 
     def _close_sync(self) -> None:
-        self._close_segment()
+        self._close_segment(self._committed_no)
         for fd in [*self._fds.values(), *self._dev_fds.values()]:
             try:
                 self.fs.close(fd)

@@ -12,9 +12,12 @@ sequential file instead:
 1. The committer encodes the batch as one frame (below), writes it to the
    current segment and fdatasyncs the segment: from here the batch's records
    are durable and may be acknowledged.
-2. It then writes each session's new lines to that session's `log.jsonl`
-   (page cache, no sync) *before* it wakes anyone, so every reader of a log
-   (load, inspect, resume, `jq`) sees every acknowledged record.
+2. The log writer then writes each session's new lines to that session's
+   `log.jsonl` (page cache, no sync); a reader of a log (load, resume, the
+   background check) first waits for the lines appended before it
+   (`flush()`), so it sees every acknowledged record. A tool reading the
+   files of a running store (`inspect`, `jq`) may be a few milliseconds
+   behind; after a crash the next start writes back what the logs lack.
 3. A periodic round (commit.py, `journal_sync_interval`) takes the batch
    number B of the last batch written to the logs and closes the current
    segment (between two batches), then syncs the logs' filesystems (syncfs,

@@ -744,8 +744,8 @@ class SessionStore:
                 mark = self.registry.marks.get(sid)
                 if mark is None or sid not in es or es.corruption(sid) is not None:
                     continue  # a quarantined session is never checkpointed: startup replays it
-                if mark.meta_seq <= es.durable_seq(sid):
-                    entries[sid] = SessionEntry(seq=es.durable_seq(sid), end=es.durable_end(sid), meta=meta)
+                if mark.meta_seq <= es.written_seq(sid):
+                    entries[sid] = SessionEntry(seq=es.written_seq(sid), end=es.durable_end(sid), meta=meta)
             data = encode_index(IndexCheckpoint(written_at=time.time(), sessions=entries))
             await trio.to_thread.run_sync(write_index, self.fs, self.root, data)
             return len(entries)

@@ -36,6 +36,7 @@ async def test_placeholder_is_durable_before_the_work_starts(store, kind):
     meta, _ = await store.create_session(first_message="go")
     async with store.inflight(meta.id, kind=kind, role="assistant" if kind == "llm_reply" else "tool") as msg:
         assert store.es.durable_seq(meta.id) >= store.es.last_seq(meta.id) - 1
+        await store.es.flush()  # a reader of the file waits for the log writer (journal mode)
         recs = records(store.root, meta.id)
         created = [r.event for r in recs if getattr(r.event, "msg_id", None) == msg.msg_id]
         assert created and created[0].status == "running" and created[0].kind == kind

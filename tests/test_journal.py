@@ -30,7 +30,9 @@ async def test_a_batch_is_one_frame_and_its_lines_are_in_the_log_when_acknowledg
         await es.create("s2", [SessionCreated(session_id="s2", created_at=1.0)])
         es.append_nowait("s1", SessionRenamed(title="a"))
         await es.append("s2", SessionRenamed(title="b"))
-        # acknowledged: in the journal (synced) and in both logs (page cache)
+        # acknowledged: in the journal (synced); then, once the log writer ran
+        # (flush waits for it), in both logs (page cache)
+        await es.flush()
         (seg,) = segments(root)
         frames, end, why = decode_frames(OS_FILES.read_bytes(seg), 1)
         assert why is None and [no for no, _ in frames] == [1]
@@ -80,6 +82,7 @@ def test_a_start_gives_back_what_only_the_journal_held(tmp_path, mode):
                 for i in range(3):
                     await es.append_many("a", [SessionRenamed(title=f"a{i}"), SessionRenamed(title="x" * 50)])
                     await es.append("b", SessionRenamed(title=f"b{i}"))
+                await es.flush()
                 for sid in ("a", "b"):
                     want[sid] = read_log(OS_FILES, live, sid)
                 cs.cancel()
@@ -119,6 +122,7 @@ def test_a_session_created_again_under_the_id_of_a_deleted_one_gets_none_of_its_
                 await es.remove("s")
                 await es.create("s", [SessionCreated(session_id="s", created_at=2.0)])
                 await es.append("s", SessionRenamed(title="new"))
+                await es.flush()
                 new_log.append(read_log(OS_FILES, live, "s"))
                 cs.cancel()
                 fs.ops.append(("cut",))

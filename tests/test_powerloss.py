@@ -46,22 +46,32 @@ async def run_workload(live: str, steps: list[str], seed: int, config: StoreConf
     async with open_session_store(live, fs=fs, config=config) as store:
         sids: list[str] = []
 
-        def ack(sid: str) -> None:
-            end = store.es.durable_end(sid)
+        async def ack(sid: str) -> None:
+            # Acknowledged now (the journal's sync), perhaps not yet in the log
+            # file: the bytes are read once the log writer wrote them, but they
+            # count from this op on (a cut between the journal's sync and the
+            # log write must keep them).
+            at = len(fs.ops)
+            es = store.es
+            whole = es.durable_seq(sid) == es.last_seq(sid)
+            end = es._session(sid).end
+            await es.flush()
+            if not whole:  # something not yet acknowledged came along (a title): count from now
+                at, end = len(fs.ops), es.durable_end(sid)
             with open(log_path(live, sid), "rb") as f:
-                w.acked.append((len(fs.ops), sid, f.read(end)))
+                w.acked.append((at, sid, f.read(end)))
 
         for step in steps:
             alive = [s for s in sids if s in store.registry]
             if step == "create" or not alive:
                 meta, _ = await store.create_session(first_message="hi" if rng.random() < 0.5 else None)
                 sids.append(meta.id)
-                ack(meta.id)
+                await ack(meta.id)
                 continue
             sid = rng.choice(alive)
             if step == "append":
                 await store.append_message(sid, f"message {rng.random():.6f}")
-                ack(sid)
+                await ack(sid)
             elif step == "reply":
                 async with store.inflight(sid) as msg:
                     for _ in range(rng.randint(1, 3)):
@@ -71,10 +81,10 @@ async def run_workload(live: str, steps: list[str], seed: int, config: StoreConf
                     if rng.random() < 0.3:  # leave it running, as a crash would
                         store.saver.end(msg)
                         msg.finished = True
-                ack(sid)
+                await ack(sid)
             elif step == "rename":
                 await store.rename_session(sid, f"title {rng.randint(0, 99)}")
-                ack(sid)
+                await ack(sid)
             elif step == "checkpoint":
                 await store.write_checkpoint()
                 await store.load_session(sid)
