@@ -53,6 +53,32 @@ async def grouped(root: str, appenders: int, seconds: float, mode: str) -> dict[
             "records_per_batch": (st.records - before.records) / max(1, st.batches - before.batches)}
 
 
+async def durability_point(root: str, n: int, mode: str, rounds: int) -> float:
+    """Seconds from the committer taking a batch of n records, one per
+    session, to the batch being durable (acknowledged): the median of `rounds`."""
+    async with open_event_store(root, sync_mode=mode) as es:  # type: ignore[arg-type]
+        ids = [f"s{i}" for i in range(n)]
+        limiter = trio.CapacityLimiter(64)
+
+        async def make(sid: str) -> None:
+            async with limiter:
+                await es.create(sid, [SessionCreated(session_id=sid)])
+        async with trio.open_nursery() as nursery:
+            for sid in ids:
+                nursery.start_soon(make, sid)
+        out = []
+        for r in range(rounds):
+            await es.flush()
+            if mode == "journal":
+                await es._sync_round()  # start each round with synced logs, as the design does each second
+            for i, sid in enumerate(ids):
+                es.append_nowait(sid, MessageProgress(msg_id="m", content_delta=DELTA, offset=r * 120))
+            t0 = time.perf_counter()
+            await es.wait_durable(ids[-1], r + 2)
+            out.append(time.perf_counter() - t0)
+    return median(out)
+
+
 def fsync_per_record(root: str, seconds: float) -> dict[str, float]:
     os.makedirs(root, exist_ok=True)
     fds = [os.open(os.path.join(root, f"f{i}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -90,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"how": "fsync per record (baseline)", "appenders": 1, "records/s": baseline,
                      "p50 ms": median([b["p50_ms"] for b in base]), "p99 ms": median([b["p99_ms"] for b in base]),
                      "recs/batch": 1.0, "x baseline": 1.0})
-        for mode in ("auto", "syncfs", "fdatasync"):
+        for mode in ("journal", "auto", "syncfs", "fdatasync"):
             for appenders in (1, 100, 1000):
                 rs = [trio.run(grouped, os.path.join(d, f"g-{mode}-{appenders}-{r}"), appenders, seconds, mode)
                       for r in range(runs)]
@@ -99,7 +125,18 @@ def main(argv: list[str] | None = None) -> int:
                              "p50 ms": median([x["p50_ms"] for x in rs]), "p99 ms": median([x["p99_ms"] for x in rs]),
                              "recs/batch": median([x["records_per_batch"] for x in rs]), "x baseline": r / baseline})
     print(table(f"durable appends over {FILES} session files, median of {runs} run(s), {seconds}s each", rows))
-    best = max(r["x baseline"] for r in rows if r["appenders"] == 1000 and "auto" in r["how"])
-    print(verdict("group commit (auto) at 1000 appenders vs fsync per record", best, 20.0))
-    print("saved", save("commit", {"rows": rows, "runs": runs, "seconds": seconds}))
+    best = max(r["x baseline"] for r in rows if r["appenders"] == 1000 and "journal" in r["how"])
+    print(verdict("group commit (journal) at 1000 appenders vs fsync per record", best, 20.0))
+    points = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
+        for n in (1000, 10000):
+            rounds = 3 if a.quick else 5
+            direct = trio.run(durability_point, os.path.join(d, f"p-auto-{n}"), n, "auto", rounds)
+            journal = trio.run(durability_point, os.path.join(d, f"p-journal-{n}"), n, "journal", rounds)
+            points.append({"records (one per session)": n, "direct (auto: write each log + syncfs) ms": direct * 1e3,
+                           "journal (one write + fdatasync) ms": journal * 1e3, "journal / direct": journal / direct})
+    print(table(f"one durability point for N records, one per session (median of {rounds})", points))
+    print(verdict("journal durability point at 10,000 records / direct design", points[-1]["journal / direct"],
+                  1 / 20, higher_is_better=False))
+    print("saved", save("commit", {"rows": rows, "points": points, "runs": runs, "seconds": seconds}))
     return 0

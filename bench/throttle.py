@@ -129,12 +129,13 @@ async def run_streams(root: str, n: int, seconds: float, per_task: bool, sync_mo
             ticks, late = store.saver.ticks - ticks0, store.saver.late_ticks - late0
             stop.set()
             timing = store.es.timing.summary()
+            n_slots = len(store.saver.slots)
     print(f"  {n} streams, {sync_mode}/{slots}: {timing}", flush=True)
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.join(root, "sessions"))
                for f in fs if f == "log.jsonl")
     offered = n / INTERVAL
     return {
-        "streams": n, "mode": f"{sync_mode}/{slots or config.progress_slots}", "offered/s": offered, "records/s": records / elapsed,
+        "streams": n, "mode": f"{sync_mode}/{n_slots}", "offered/s": offered, "records/s": records / elapsed,
         "uncommitted at end": max(0, records - (st1.records - st0.records)),
         "on-time %": 100.0 * (1 - late / max(1, ticks)),
         "durable p50 ms": pct(latencies, 50) * 1e3, "durable p99 ms": pct(latencies, 99) * 1e3,

@@ -426,8 +426,42 @@ class EventStore:
 
     def append_nowait(self, session_id: str, event: Event) -> Appended:
         """Append one record to the next batch and return at once (the progress
-        class: the caller never waits on a disk)."""
-        return self._enqueue(session_id, [event])[1][0]
+        class: the caller never waits on a disk). The saver's hot path: the
+        same steps as `_enqueue` for one record, without its lists."""
+        if self._broken is not None or self._closed or self._closing:
+            self._check_open()
+        sess = self._sessions.get(session_id)
+        if sess is None or sess.deleted:
+            raise UnknownSession(session_id)
+        if sess.corrupt is not None:
+            return self._enqueue(session_id, [event])[1][0]  # raises SessionReadOnly
+        ts = time.time()
+        line = encode_record(sess.last_seq + 1, ts, event)
+        batch = self._batch
+        start = sess.end
+        sess.last_seq += 1
+        sess.end = end = start + len(line)
+        lines = batch.lines.get(session_id)
+        if lines is None:
+            batch.lines[session_id] = [line]
+            batch.offsets[session_id] = start
+            if self.journal:
+                self._journaled[session_id] = self._batch_no + 1
+        else:
+            lines.append(line)
+        batch.last_seq[session_id] = sess.last_seq
+        if type(event) is SessionDeleted:
+            sess.deleted = True
+        if not batch.records:
+            batch.opened = time.perf_counter()
+        batch.records += 1
+        rec = Record(sess.last_seq, ts, event)
+        for listener in self.listeners:
+            listener(session_id, rec, end)
+        for done in self.append_listeners:
+            done(session_id)
+        self._wake.set()
+        return Appended(rec, end)
 
     async def _wait(self, batch: _Batch) -> None:
         batch.waiters += 1

@@ -40,7 +40,7 @@ class RecordError(ValueError):
 def encode_record(seq: int, ts: float, event: Event) -> bytes:
     """Encode one record as a complete line, newline included."""
     body = EVENT_ENCODER.encode(event)
-    rest = b'"seq":%d,"ts":%s,%s' % (seq, repr(ts).encode(), body[1:])
+    rest = b'"seq":%d,"ts":%r,%s' % (seq, ts, body[1:])  # %r of a float: its repr
     line = b'{"crc":"%08x",%s\n' % (zlib.crc32(rest), rest)
     if len(line) > MAX_RECORD_BYTES:
         raise RecordTooLarge(f"record of {len(line)} bytes is over the {MAX_RECORD_BYTES}-byte limit")

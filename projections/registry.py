@@ -11,6 +11,7 @@ from typing import Any, Final
 import msgspec
 from sortedcontainers import SortedKeyList
 
+from eventstore.events import MessageProgress
 from eventstore.record import Record
 
 from .session import SessionMeta, apply_meta
@@ -71,6 +72,12 @@ class Registry:
 
     def apply(self, session_id: str, record: Record, end: int) -> None:
         """Fold one record of a session into its row."""
+        if type(record.event) is MessageProgress:  # the hot path: no row change (see apply_meta)
+            mark = self.marks.get(session_id)
+            if mark is not None:
+                mark.seq = record.seq
+                mark.end = end
+                return
         old = self.rows.get(session_id)
         new = apply_meta(old, record)
         mark = self.marks.get(session_id)

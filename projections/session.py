@@ -176,27 +176,29 @@ class SessionState:
         """Fold one record (in seq order)."""
         self.seq = record.seq
         self.end = end
-        self.meta = apply_meta(self.meta, record)
         msgs = self.messages
         replace = msgspec.structs.replace
+        p = record.event
+        if type(p) is MessageProgress:  # the hot path (no meta change: see apply_meta)
+            m = msgs.get(p.msg_id)
+            if m is None or m.status not in OPEN_STATUSES:
+                return
+            content = m.content
+            if p.content_delta:
+                content = content[:p.offset] + p.content_delta if p.offset != len(content) \
+                    else content + p.content_delta
+            md = m.metadata
+            if p.context_tree is not None or p.partial_tokens_used is not None:
+                md = dict(md)
+                if p.context_tree is not None:
+                    md["context_tree"] = p.context_tree
+                if p.partial_tokens_used is not None:
+                    md["partial_tokens_used"] = p.partial_tokens_used
+            msgs[p.msg_id] = replace(m, content=content, status="running", metadata=md,
+                                     last_update_at=record.ts, seq=record.seq)
+            return
+        self.meta = apply_meta(self.meta, record)
         match record.event:
-            case MessageProgress() as p:
-                m = msgs.get(p.msg_id)
-                if m is None or m.status not in OPEN_STATUSES:
-                    return
-                content = m.content
-                if p.content_delta:
-                    content = content[:p.offset] + p.content_delta if p.offset != len(content) \
-                        else content + p.content_delta
-                md = m.metadata
-                if p.context_tree is not None or p.partial_tokens_used is not None:
-                    md = dict(md)
-                    if p.context_tree is not None:
-                        md["context_tree"] = p.context_tree
-                    if p.partial_tokens_used is not None:
-                        md["partial_tokens_used"] = p.partial_tokens_used
-                msgs[p.msg_id] = replace(m, content=content, status="running", metadata=md,
-                                         last_update_at=record.ts, seq=record.seq)
             case MessageCreated() as c:
                 msgs[c.msg_id] = MessageSnapshot(
                     msg_id=c.msg_id, role=c.role, kind=c.kind, parent_id=c.parent_id, caller=c.caller,

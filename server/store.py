@@ -61,7 +61,8 @@ class StoreConfig:
     checkpoint_interval: float = 5.0      # index.json debounce (spec: 5 s)
     snapshot_interval: float = 2.0        # snapshot.json debounce for running sessions
     progress_interval: float = PROGRESS_INTERVAL
-    progress_slots: int = 1               # phases of the saver's interval (see server/inflight.py SLOTS)
+    progress_slots: int | None = None     # phases of the saver's interval (None: SLOTS with the journal, else 1;
+                                          # see server/inflight.py SLOTS)
     stall_timeout: float = STALL_TIMEOUT
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     sync_mode: SyncMode = "journal"       # see eventstore/commit.py and journal.py
@@ -119,7 +120,8 @@ class SessionStore:
         self.registry = Registry()
         self.projects = ProjectRegistry(fs, root, config.home)
         self.hub = SubscriptionHub()
-        self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, config.progress_slots)
+        slots = config.progress_slots or (SLOTS if es.journal else 1)
+        self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, slots)
         es.failure_listeners.append(self._store_failed)
         self.watchers: list[Watcher] = []
         self.feed = ChangeFeed()
