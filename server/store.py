@@ -40,7 +40,7 @@ from projections.session import MessageSnapshot, SessionMeta, SessionState
 
 from .errors import BadRequest, Conflict, NotFound
 from .feed import ChangeFeed
-from .inflight import PROGRESS_INTERVAL, STALL_TIMEOUT, InflightMessage, ThrottledSaver, scrub_surrogates
+from .inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, InflightMessage, ThrottledSaver, scrub_surrogates
 from .projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from .subscriptions import MsgUpdate, Subscription, SubscriptionHub
 from .titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
