@@ -176,9 +176,11 @@ class ThrottledSaver:
         self.ticks = 0
         self.late_ticks = 0
         self.failed: BaseException | None = None
+        self._work = trio.Event()  # set when a message starts (the saver sleeps while none runs)
 
     def start(self, msg: InflightMessage) -> None:
         """A message is live: stoppable, watched, counted."""
+        self._work.set()
         self.active[(msg.session_id, msg.msg_id)] = msg
         self.sessions[msg.session_id] = self.sessions.get(msg.session_id, 0) + 1
 
@@ -267,6 +269,12 @@ class ThrottledSaver:
         done = 0  # slots flushed since start
         stall_every = max(1, int(1.0 / step))
         while True:
+            if not self.active and not any(self.slots):
+                # Nothing runs: no wake-ups until a message starts (its first
+                # flush is still within one interval of the new start).
+                self._work = trio.Event()
+                await self._work.wait()
+                start, done = trio.current_time(), 0
             await trio.sleep_until(start + (done + 1) * step)
             now = trio.current_time()
             due = max(done + 1, int((now - start) / step + 1e-6))  # woken: at least the slot it slept for
