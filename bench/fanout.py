@@ -101,7 +101,7 @@ class _Frame(msgspec.Struct):
 async def run_clients(port: int, targets: list[list[str]], n: int, first: int, stalled: bool, out: str) -> None:
     from trio_websocket import open_websocket
     decode = msgspec.json.Decoder(_Frame).decode
-    got: list[tuple[str, int, float]] = []
+    got: list[tuple[int, str, int, float]] = []  # (connection, session, seq, receipt time)
     recording = [False]
     connected = [0]
     all_connected = trio.Event()
@@ -122,7 +122,7 @@ async def run_clients(port: int, targets: list[list[str]], n: int, first: int, s
                 now = time.perf_counter()
                 if recording[0] and '"msg_update"' in frame[:30]:
                     f = decode(frame)
-                    got.append((f.data["session_id"], f.data["seq"], now))
+                    got.append((i, f.data["session_id"], f.data["seq"], now))
 
     async with trio.open_nursery() as nursery:
         for i in range(n):
@@ -193,10 +193,10 @@ def scenario(d: str, messages: int, subscribers: int, per_process: int, stalled:
         with open(out) as f:
             got = json.load(f)
         updates += len(got)
-        last: dict[str, int] = {}
-        for sid, seq, t in sorted(got, key=lambda g: (g[0], g[1])):
-            prev = last.get(sid)
-            last[sid] = seq
+        last: dict[tuple[int, str], int] = {}
+        for conn, sid, seq, t in sorted(got, key=lambda g: (g[0], g[1], g[2])):
+            prev = last.get((conn, sid))
+            last[(conn, sid)] = seq
             if prev is None:
                 continue  # the first update after "go" may carry records from before it
             for s, ta in appended.get(sid, ()):
