@@ -1,14 +1,18 @@
 """In-process fan-out of message updates, by (session_id, msg_id).
 
 The store calls `publish()` for every progress and terminal record as it is
-appended (on the trio thread, never awaiting); each subscriber has a bounded
-queue and is dropped (its channel closed, `dropped` set) when it falls
-behind, so one slow consumer never slows a writer. A dropped subscriber
-resumes exactly by subscribing again with what it has.
+appended (on the trio thread, never awaiting). A subscriber either iterates
+its bounded queue (dropped, its channel closed and `dropped` set, when it
+falls behind, so one slow consumer never slows a writer; it resumes exactly
+by subscribing again with what it has), or has a *sink* attached (the
+WebSocket server): each update is handed to the sink synchronously, with a
+flag saying whether it is the very object published to every subscriber (so
+its encoding can be shared) or one trimmed for this subscriber; the sink
+coalesces what its client has not taken yet (`merge_updates`).
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import msgspec
@@ -36,29 +40,87 @@ class MsgUpdate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     aborted_reason: str | None = None
 
 
+TERMINAL: Final = frozenset({"done", "error", "aborted"})
+# The most characters one update carries to a client (a character is at most
+# 6 bytes of JSON, so a frame stays under the 1 MiB message limit common to
+# WebSocket clients): a longer catch-up is sent in pieces, and a slow
+# client's merged update grows no further.
+MAX_UPDATE_CHARS: Final = 128 * 1024
+
+
+def merge_updates(a: MsgUpdate, b: MsgUpdate) -> MsgUpdate | None:
+    """`a` then `b` as one update (b's delta starts where a's ends), or None
+    when they do not follow each other or would be too long together."""
+    if b.offset != a.offset + len(a.content_delta) or a.status in TERMINAL \
+            or len(a.content_delta) + len(b.content_delta) > MAX_UPDATE_CHARS:
+        return None
+    return msgspec.structs.replace(
+        b, offset=a.offset, content_delta=a.content_delta + b.content_delta,
+        tree=b.tree if b.tree is not None else a.tree, tokens=b.tokens if b.tokens is not None else a.tokens)
+
+
+def split_update(u: MsgUpdate) -> list[MsgUpdate]:
+    """An update in pieces of at most MAX_UPDATE_CHARS characters; all but the
+    last say `running` (the last carries the update's status and the rest)."""
+    d = u.content_delta
+    if len(d) <= MAX_UPDATE_CHARS:
+        return [u]
+    n = MAX_UPDATE_CHARS
+    out = [MsgUpdate(session_id=u.session_id, msg_id=u.msg_id, seq=u.seq, offset=u.offset + i,
+                     content_delta=d[i:i + n], status="running", durable_seq=u.durable_seq)
+           for i in range(0, len(d) - n, n)]
+    last = len(out) * n
+    out.append(msgspec.structs.replace(u, offset=u.offset + last, content_delta=d[last:]))
+    return out
+
+
+Sink = Callable[["Subscription", MsgUpdate, bool], None]
+
+
 class Subscription:
-    """One subscriber of one message; iterate it for updates."""
+    """One subscriber of one message; iterate it for updates, or attach a sink."""
 
     def __init__(self, hub: SubscriptionHub, key: tuple[str, str], have: int) -> None:
         self.hub = hub
         self.key = key
         self.have = have  # characters of content the subscriber has
         self.dropped = False
+        self.closed = False
+        self._sink: Sink | None = None
         self._send, self._recv = trio.open_memory_channel[MsgUpdate](SUBSCRIBER_QUEUE)
+
+    def attach(self, sink: Sink) -> None:
+        """From now on hand each update to `sink` (what is queued first)."""
+        while True:
+            try:
+                update = self._recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            sink(self, update, False)
+        self._sink = sink
 
     def push(self, update: MsgUpdate) -> None:
         """Queue an update, trimmed to what the subscriber lacks (no duplicate
         character). Never blocks; a full queue drops the subscriber."""
         if self.dropped:
             return
+        shared = True
         end = update.offset + len(update.content_delta)
         if update.offset < self.have:
             cut = min(self.have, end) - update.offset
             update = msgspec.structs.replace(update, offset=update.offset + cut,
                                              content_delta=update.content_delta[cut:])
+            shared = False
         if update.offset > self.have:  # pragma: no cover - the store never skips
             update = msgspec.structs.replace(update, offset=self.have)
+            shared = False
         self.have = max(self.have, end)
+        if self._sink is not None:
+            if not self.closed:
+                self._sink(self, update, shared)
+                if update.status in TERMINAL:
+                    self.close()
+            return
         try:
             self._send.send_nowait(update)
         except trio.WouldBlock:
@@ -71,6 +133,7 @@ class Subscription:
             self.close()
 
     def close(self) -> None:
+        self.closed = True
         self.hub._remove(self)
         self._send.close()
 

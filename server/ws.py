@@ -41,7 +41,7 @@ from .agent import Agent, DemoAgent
 from .errors import NotFound, ServiceError
 from .gc_policy import tune_gc
 from .store import SessionStore, StoreConfig, open_session_store
-from .subscriptions import Subscription
+from .subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
 
 log = logging.getLogger("sessionlog.ws")
 
@@ -155,6 +155,7 @@ class Server:
         self.agent = agent
         self.port = config.port
         self.connections: set[Connection] = set()
+        self._shared: tuple[MsgUpdate | None, str] = (None, "")
         self._agents: trio.Nursery | None = None
         store.watchers.append(self._on_store_change)
 
@@ -245,7 +246,15 @@ class Server:
                 await conn.run()
             finally:
                 self.connections.discard(conn)
+                conn.close_subscriptions()
                 nursery.cancel_scope.cancel()
+
+    def shared_frame(self, update: MsgUpdate) -> str:
+        """The encoded frame of an update published to many subscribers: the
+        hub hands the same object to each in turn, so it is encoded once."""
+        if self._shared[0] is not update:
+            self._shared = (update, p.encode_frame("msg_update", p.to_wire(update)))
+        return self._shared[1]
 
     # -- broadcasts ------------------------------------------------------------
 
@@ -353,6 +362,14 @@ def _error_of(e: BaseException) -> tuple[str, str]:
             return "internal", f"{type(e).__name__}: {e}"
 
 
+class _Pending:
+    """A subscription's update waiting in a connection's send queue."""
+    __slots__ = ("key", "update", "frame")
+
+    def __init__(self, key: tuple[str, str], update: MsgUpdate, frame: str | None) -> None:
+        self.key, self.update, self.frame = key, update, frame
+
+
 class Connection:
     """One WebSocket client."""
 
@@ -361,8 +378,12 @@ class Connection:
         self.store = server.store
         self.ws = ws
         self.nursery = nursery
-        self._send, self._recv = trio.open_memory_channel[str](SEND_QUEUE)
-        self.subs: dict[tuple[str, str], trio.CancelScope] = {}
+        self._send, self._recv = trio.open_memory_channel[str | _Pending](SEND_QUEUE)
+        self.subs: dict[tuple[str, str], Subscription] = {}
+        # Per subscription, the update queued and not yet taken by the sender:
+        # later updates are merged into it (a slow client gets one update
+        # with everything it lacks, not a growing queue).
+        self._pending: dict[tuple[str, str], _Pending] = {}
         # Sessions this client loaded: it is told of their new messages (`message_created`).
         self.watching: set[str] = set()
         self.dropped = False
@@ -371,7 +392,7 @@ class Connection:
         # is in neither.)
         self.unsent = 0
 
-    def send_nowait(self, frame: str) -> None:
+    def send_nowait(self, frame: str | _Pending) -> None:
         """Queue a frame; a client whose queue is full is dropped."""
         if self.dropped:
             return
@@ -393,8 +414,33 @@ class Connection:
             log.warning("dropping a slow client: %s", why)
             self.nursery.cancel_scope.cancel()
 
+    def deliver(self, sub: Subscription, update: MsgUpdate, shared: bool) -> None:
+        """A subscription's update (the sink of every subscription here)."""
+        key = sub.key
+        if update.status in TERMINAL and self.subs.get(key) is sub:
+            del self.subs[key]
+        pieces = split_update(update)
+        if len(pieces) > 1:
+            shared = False
+        for piece in pieces:
+            pend = self._pending.get(key)
+            if pend is not None:
+                merged = merge_updates(pend.update, piece)
+                if merged is not None:
+                    pend.update, pend.frame = merged, None
+                    continue
+            pend = _Pending(key, piece, self.server.shared_frame(piece) if shared else None)
+            self._pending[key] = pend
+            self.send_nowait(pend)
+
     async def _sender(self) -> None:
-        async for frame in self._recv:
+        async for item in self._recv:
+            if type(item) is _Pending:
+                if self._pending.get(item.key) is item:
+                    del self._pending[item.key]  # later updates make a new item
+                frame = item.frame or p.encode_frame("msg_update", p.to_wire(item.update))
+            else:
+                frame = item
             with trio.move_on_after(self.server.config.send_timeout):
                 try:
                     await self.ws.send_message(frame)
@@ -473,9 +519,10 @@ class Connection:
                 await self.subscribe(r)
             case p.UnsubscribeMsg(session_id=sid, msg_id=mid):
                 validate_session_id(sid)
-                scope = self.subs.pop((sid, mid), None)
-                if scope is not None:
-                    scope.cancel()
+                old = self.subs.pop((sid, mid), None)
+                if old is not None:
+                    old.close()
+                    self._pending.pop((sid, mid), None)
                 self.reply("ok", {"action": "unsubscribe_msg", "subscribed": False}, rid)
             case p.Stop(session_id=sid, msg_id=mid):
                 store.get_meta(sid)
@@ -555,25 +602,19 @@ class Connection:
         key = (r.session_id, r.msg_id)
         old = self.subs.pop(key, None)
         if old is not None:
-            old.cancel()
+            old.close()
+        self._pending.pop(key, None)  # a queued update of the old one is not merged with the new
         if len(self.subs) >= MAX_SUBSCRIPTIONS:
             raise ServiceError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
         sub = await self.store.subscribe(r.session_id, r.msg_id, offset=r.offset, after_seq=r.after_seq)
-        scope = trio.CancelScope()
-        self.subs[key] = scope
+        self.subs[key] = sub
         self.reply("subscribed", {"session_id": r.session_id, "msg_id": r.msg_id}, r.request_id)
-        self.nursery.start_soon(self._pump, sub, scope, key)
+        sub.attach(self.deliver)  # no await since subscribe: nothing was published in between
 
-    async def _pump(self, sub: Subscription, scope: trio.CancelScope, key: tuple[str, str]) -> None:
-        with scope:
-            async with sub:
-                async for update in sub:
-                    self.send_nowait(p.encode_frame("msg_update", p.to_wire(update)))
-                if sub.dropped:  # fell behind the store: say so; the client resumes exactly
-                    self.send_nowait(p.encode_error("too_slow", "subscription dropped: fell behind; "
-                                                    "subscribe again with what you have", "subscribe_msg"))
-        if self.subs.get(key) is scope:
-            del self.subs[key]
+    def close_subscriptions(self) -> None:
+        for sub in list(self.subs.values()):
+            sub.close()
+        self.subs.clear()
 
 
 async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = None,

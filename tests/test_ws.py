@@ -36,7 +36,7 @@ class Running:
 
 
 async def start_server(nursery: trio.Nursery, root: str, *, speed: float = 400.0, tokens=(60, 140),
-                       send_timeout: float = 5.0) -> Running:
+                       send_timeout: float = 5.0, progress_interval: float = 0.05) -> Running:
     ready = trio.Event()
     holder: dict[str, Server] = {}
 
@@ -45,7 +45,8 @@ async def start_server(nursery: trio.Nursery, root: str, *, speed: float = 400.0
         ready.set()
     config = ServerConfig(port=0, token=TOKEN, send_timeout=send_timeout)
     nursery.start_soon(lambda: serve_store(root, config, agent=DemoAgent(speed=speed, tokens=tokens),
-                                           store_config=StoreConfig(progress_interval=0.05), on_ready=on_ready))
+                                           store_config=StoreConfig(progress_interval=progress_interval),
+                                           on_ready=on_ready))
     await ready.wait()
     return Running(holder["s"])
 
@@ -349,3 +350,84 @@ def test_error_codes_are_documented():
     for code in ERROR_CODES:
         assert f"`{code}`" in doc, code
     msgspec.json.encode(ERROR_CODES)
+
+
+async def test_a_slow_reader_gets_its_updates_coalesced_not_dropped(root, nursery):
+    """Issue 12: a subscriber that stops reading for a while is not sent a
+    queue of every update (nor dropped): what it has not taken yet is merged
+    into one update, and the content it assembles is exact."""
+    import json
+
+    from eventstore.events import MessageProgress
+    from trio_websocket import wrap_client_stream
+    server = await start_server(nursery, root, send_timeout=10.0, progress_interval=0.01)
+    store = server.store
+    meta, _ = await store.create_session(first_message="big")
+    records = []
+    go = trio.Event()
+    chunk = "".join(chr(ord("a") + i % 26) for i in range(30_000))
+    rounds = 300
+
+    async def produce(task_status=trio.TASK_STATUS_IGNORED):  # type: ignore[no-untyped-def]
+        async with store.inflight(meta.id) as msg:
+            task_status.started(msg.msg_id)
+            await go.wait()
+            for i in range(rounds):  # 9 MB over ~3 s, a record per 10 ms interval
+                msg.write(chunk)
+                await trio.sleep(0.01)
+    mid = await nursery.start(produce)
+    store.es.listeners.append(lambda sid, rec, end: records.append(rec.seq)
+                              if type(rec.event) is MessageProgress and rec.event.msg_id == mid else None)
+    # a small receive buffer: the server's sends back up soon after the
+    # client stops reading
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect(("127.0.0.1", server.port))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as n:
+            ws = await wrap_client_stream(n, trio.SocketStream(sock), f"127.0.0.1:{server.port}", f"/ws?token={TOKEN}",
+                                          message_queue_size=1)
+            await ws.send_message(json.dumps({"action": "subscribe_msg", "session_id": meta.id, "msg_id": mid}))
+            go.set()
+            await trio.sleep(2.5)  # not reading: the socket backs up
+            content, updates, status = "", 0, "running"
+            while status == "running":
+                f = json.loads(await ws.get_message())
+                if f["type"] != "msg_update":
+                    continue
+                d = f["data"]
+                assert d["offset"] == len(content), "every update starts where the last one ended"
+                content += d["content_delta"]
+                status = d["status"]
+                updates += 1
+            await ws.aclose()
+    assert status == "done" and content == chunk * rounds
+    assert len(records) >= 30 and updates < len(records) / 2, (updates, len(records))
+    assert len(server.server.connections) == 0 or all(not c.dropped for c in server.server.connections)
+
+
+async def test_a_long_catch_up_comes_in_pieces_a_client_can_take(root, nursery):
+    """Subscribing to a long message: the content so far comes in pieces that
+    each fit a 1 MiB WebSocket message even when every character needs an
+    escape, and together are the content exactly."""
+    import json
+    server = await start_server(nursery, root)
+    store = server.store
+    meta, _ = await store.create_session(first_message="long")
+    text = "\u0001\"" * 300_000  # 600,000 characters, 6 and 2 bytes of JSON each
+    async with store.inflight(meta.id) as msg:
+        msg.write(text)
+        store.saver.flush(msg)
+        mid = msg.msg_id
+        with trio.fail_after(30):
+            async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False) as ws:
+                await ws.send_message(json.dumps({"action": "subscribe_msg", "session_id": meta.id,
+                                                  "msg_id": mid}))
+                content, pieces = "", 0
+                while len(content) < len(text):
+                    f = json.loads(await ws.get_message())  # default limit: 1 MiB
+                    if f["type"] == "msg_update":
+                        assert f["data"]["offset"] == len(content)
+                        content += f["data"]["content_delta"]
+                        pieces += 1
+    assert content == text and pieces >= 5
