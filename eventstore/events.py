@@ -59,7 +59,16 @@ class MessageCreated(BaseEvent, tag="message_created"):
     metadata: dict[str, Any] = {}
 
 
-class MessageProgress(BaseEvent, tag="message_progress"):
+# The progress record is most of every log (one per running message per
+# 250 ms): on disk it is spelled short, `{"type":"p","m":..,"d":..,"o":..}`
+# (`t` the tree, `u` the token counts), ~37 bytes a record less than its
+# long spelling. Logs written before keep the long one (`message_progress`,
+# MessageProgressV1): both are read, only the short one is written.
+_PROGRESS_NAMES: Final = {"msg_id": "m", "content_delta": "d", "offset": "o", "context_tree": "t",
+                          "partial_tokens_used": "u"}
+
+
+class MessageProgress(BaseEvent, tag="p", rename=_PROGRESS_NAMES):
     """One throttle interval's worth of a running message: the content delta and
     the character offset where it starts, the latest tree and token counts."""
     msg_id: str
@@ -67,6 +76,20 @@ class MessageProgress(BaseEvent, tag="message_progress"):
     offset: int = 0
     context_tree: Any = None
     partial_tokens_used: dict[str, int] | None = None
+
+
+class MessageProgressV1(BaseEvent, tag="message_progress"):
+    """The long spelling of MessageProgress in older logs (read only; decoding
+    turns it into a MessageProgress)."""
+    msg_id: str
+    content_delta: str = ""
+    offset: int = 0
+    context_tree: Any = None
+    partial_tokens_used: dict[str, int] | None = None
+
+    def upgrade(self) -> MessageProgress:
+        return MessageProgress(msg_id=self.msg_id, content_delta=self.content_delta, offset=self.offset,
+                               context_tree=self.context_tree, partial_tokens_used=self.partial_tokens_used)
 
 
 class MessageFinalized(BaseEvent, tag="message_finalized"):
@@ -134,7 +157,7 @@ class ProjectMoved(BaseEvent, tag="project_moved"):
     path: str
 
 
-Event = (SessionCreated | MessageCreated | MessageProgress | MessageFinalized | SessionRenamed
+Event = (SessionCreated | MessageCreated | MessageProgress | MessageProgressV1 | MessageFinalized | SessionRenamed
          | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | SessionDeleted
          | ProjectCreated | ProjectMoved)
 

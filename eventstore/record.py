@@ -1,6 +1,6 @@
 """Record framing: one event per line, with the store's envelope and a checksum.
 
-    {"crc":"1a2b3c4d","seq":7,"ts":1764425600.25,"type":"message_progress",...}\n
+    {"crc":"1a2b3c4d","seq":7,"ts":1764425600.25,"type":"p",...}\n
 
 `crc` is the CRC-32 of everything after `{"crc":"xxxxxxxx",` up to (not
 including) the newline. It sits at a fixed place at the start, so checking it
@@ -15,7 +15,7 @@ from typing import Final, NamedTuple
 import msgspec
 
 from .errors import RecordTooLarge
-from .events import EVENT_DECODER, EVENT_ENCODER, Event, MessageProgress
+from .events import EVENT_DECODER, EVENT_ENCODER, Event, MessageProgress, MessageProgressV1
 
 # A log line longer than this is refused, so replay and the tail reader stay
 # bounded in memory. A finalize carries a whole reply; 4 MiB holds a long
@@ -87,13 +87,15 @@ def decode_record(line: bytes) -> Record:
         raise RecordError(f"invalid record: {e}") from None
     except msgspec.DecodeError as e:
         raise RecordError(f"not JSON: {e}") from None
+    if type(event) is MessageProgressV1:
+        event = event.upgrade()
     return Record(env.seq, env.ts, event)
 
 
 # A stand-in for the events a registry-only replay does not need to read.
 PROGRESS_STANDIN: Final = MessageProgress(msg_id="")
 _TYPE_KEY: Final = b',"type":"'
-_PROGRESS_TAG: Final = b'message_progress"'
+_PROGRESS_TAGS: Final = (b'p"', b'message_progress"')
 
 
 def decode_record_for_meta(line: bytes) -> Record:
@@ -104,7 +106,7 @@ def decode_record_for_meta(line: bytes) -> Record:
     if line.endswith(b"\n"):
         line = line[:-1]
     t = line.find(_TYPE_KEY, _HEADER_LEN)
-    if t > 0 and line.startswith(_PROGRESS_TAG, t + len(_TYPE_KEY)):
+    if t > 0 and line.startswith(_PROGRESS_TAGS, t + len(_TYPE_KEY)):
         env = _checked_envelope(line)
         return Record(env.seq, env.ts, PROGRESS_STANDIN)
     return decode_record(line)

@@ -102,8 +102,26 @@ def test_meta_only_decoding_checks_progress_records_without_reading_them():
     assert (rec.seq, rec.ts, rec.event) == (4, 2.5, PROGRESS_STANDIN)
     other = encode_record(5, 3.0, SessionRenamed(title='"type":"message_progress"'))
     assert decode_record_for_meta(other).event == SessionRenamed(title='"type":"message_progress"')
-    i = prog.index(b"offset")
+    i = prog.index(b'"o":')
     with pytest.raises(RecordError, match="checksum mismatch"):
         decode_record_for_meta(prog[:i] + b"O" + prog[i + 1:])
     s = scan("s", LOG + prog.replace(b'"seq":4', b'"seq":6'), expect_seq=1, meta_only=True)
     assert s.corrupt is None and s.torn_bytes  # a changed seq breaks the checksum: a torn tail here
+
+
+def test_progress_records_are_written_short_and_old_long_ones_still_read():
+    """Issue 12 item 5: the progress record's on-disk names are short; logs
+    written before (`message_progress` with long names) read the same."""
+    import zlib
+
+    from eventstore.events import MessageProgress
+    ev = MessageProgress(msg_id="m1", content_delta="ab", offset=4, partial_tokens_used={"input": 1, "output": 2})
+    line = encode_record(3, 1.5, ev)
+    assert b'"type":"p","m":"m1","d":"ab","o":4,"u":' in line
+    rest = b'"seq":3,"ts":1.5,"type":"message_progress","msg_id":"m1","content_delta":"ab","offset":4,' \
+           b'"partial_tokens_used":{"input":1,"output":2}}'
+    old = b'{"crc":"%08x",%s\n' % (zlib.crc32(rest), rest)
+    assert decode_record(old).event == decode_record(line).event == ev
+    assert type(decode_record(old).event) is MessageProgress
+    from eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
+    assert decode_record_for_meta(old).event == decode_record_for_meta(line).event == PROGRESS_STANDIN
