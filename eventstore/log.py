@@ -35,7 +35,7 @@ from typing import Final, NamedTuple
 from .errors import CorruptRecord, TornTail
 from .fsio import FileOps
 from .ids import is_valid_session_id, validate_session_id
-from .record import Record, RecordError, decode_record, decode_record_for_meta
+from .record import Record, RecordError, decode_lines, decode_record, decode_record_for_meta
 
 LOG_NAME: Final = "log.jsonl"
 SESSIONS_DIR: Final = "sessions"
@@ -74,12 +74,17 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
     not decoded (see decode_record_for_meta): for registry rebuilds.
     """
     decode = decode_record_for_meta if meta_only else decode_record
+    lines = data.split(b"\n")
+    last = len(lines) - 1  # lines[last] has no newline: empty, or an interrupted write
+    # The common case, a log of good records: all of them in one decode pass.
+    fast = decode_lines(lines[:last], meta_only=meta_only) if last else []
+    if fast is not None and (expect_seq is None or all(r.seq == expect_seq + i for i, r in enumerate(fast))):
+        pos = len(data) - len(lines[last])
+        return Scan(fast, base_offset + pos, len(data) - pos, None)
     records: list[Record] = []
     append = records.append
     pos = 0
     line_no = base_line
-    lines = data.split(b"\n")
-    last = len(lines) - 1  # lines[last] has no newline: empty, or an interrupted write
     for i, line in enumerate(lines):
         if i == last:
             break

@@ -15,7 +15,9 @@ from typing import Final, NamedTuple
 import msgspec
 
 from .errors import RecordTooLarge
-from .events import EVENT_DECODER, EVENT_ENCODER, Event, MessageProgress, MessageProgressV1
+from .events import (EVENT_DECODER, EVENT_ENCODER, Event, HeadMoved, MessageCreated, MessageFinalized,
+                     MessageProgress, MessageProgressV1, ProjectBound, ProjectCreated, ProjectMoved,
+                     ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags, SessionRenamed)
 
 # A log line longer than this is refused, so replay and the tail reader stay
 # bounded in memory. A finalize carries a whole reply; 4 MiB holds a long
@@ -110,3 +112,54 @@ def decode_record_for_meta(line: bytes) -> Record:
         env = _checked_envelope(line)
         return Record(env.seq, env.ts, PROGRESS_STANDIN)
     return decode_record(line)
+
+
+# -- a whole log's lines at once (the replay path) -----------------------------
+
+class _ProgressStub(msgspec.Struct, frozen=True, tag_field="type", tag="p"):
+    """A progress record in a registry-only replay: its fields are skipped."""
+
+
+class _ProgressStubV1(msgspec.Struct, frozen=True, tag_field="type", tag="message_progress"):
+    pass
+
+
+_ENVELOPES: Final = msgspec.json.Decoder(list[_Envelope])
+_EVENTS: Final = msgspec.json.Decoder(list[Event])  # type: ignore[valid-type]
+_META_EVENTS: Final = msgspec.json.Decoder(
+    list[SessionCreated | MessageCreated | _ProgressStub | _ProgressStubV1 | MessageFinalized  # type: ignore[valid-type]
+         | SessionRenamed | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | SessionDeleted
+         | ProjectCreated | ProjectMoved])
+
+
+def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record] | None:
+    """Decode whole lines (without their newlines) in one pass of msgspec over
+    all of them (as one JSON array, envelopes and events), after checking every
+    checksum; with `meta_only` progress records are skipped as in
+    decode_record_for_meta. None if any line is not a good record: the caller
+    then decodes line by line to find and report it."""
+    crc32 = zlib.crc32
+    for line in lines:
+        if line[:8] != _CRC_OPEN or line[16:18] != b'",' or line[-1:] != b"}":
+            return None
+        try:
+            if int(line[8:16], 16) != crc32(memoryview(line)[_HEADER_LEN:]):
+                return None
+        except ValueError:
+            return None
+    joined = b"[" + b",".join(lines) + b"]"
+    try:
+        envs = _ENVELOPES.decode(joined)
+        events = (_META_EVENTS if meta_only else _EVENTS).decode(joined)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if len(envs) != len(lines) or len(events) != len(lines):
+        return None  # not one object a line
+    out = [Record(e.seq, e.ts, ev) for e, ev in zip(envs, events)]
+    for i, r in enumerate(out):
+        t = type(r.event)
+        if t is _ProgressStub or t is _ProgressStubV1:
+            out[i] = Record(r.seq, r.ts, PROGRESS_STANDIN)
+        elif t is MessageProgressV1:
+            out[i] = Record(r.seq, r.ts, r.event.upgrade())  # type: ignore[union-attr]
+    return out

@@ -125,3 +125,23 @@ def test_progress_records_are_written_short_and_old_long_ones_still_read():
     assert type(decode_record(old).event) is MessageProgress
     from eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
     assert decode_record_for_meta(old).event == decode_record_for_meta(line).event == PROGRESS_STANDIN
+
+
+def test_the_one_pass_decoder_agrees_with_the_line_by_line_one():
+    """scan decodes a good log in one msgspec pass; any line it cannot vouch
+    for sends it back to the line-by-line path, which reports it."""
+    from eventstore.record import decode_lines
+    good = [encode_record(i, 1.0 + i, ev) for i, ev in enumerate(
+        [SessionCreated(session_id="s"), MessageProgress(msg_id="m", content_delta="a,b}{", offset=0),
+         SessionRenamed(title='x"},{"crc":"')], 1)]
+    lines = [g[:-1] for g in good]
+    assert decode_lines(lines) == [decode_record(g) for g in good]
+    assert scan("s", b"".join(good), expect_seq=1).records == [decode_record(g) for g in good]
+    # two records on one line (crc good over both), a line without its brace: not vouched for
+    joined = lines[1][:-1] + b',"x":' + lines[2][:-1] + b"}"
+    assert decode_lines([lines[0], joined]) is None
+    assert decode_lines([lines[0], lines[1][:-1]]) is None
+    bad = bytearray(b"".join(good))
+    bad[len(good[0]) + 30] ^= 1
+    s = scan("s", bytes(bad), expect_seq=1)
+    assert s.corrupt is not None and s.corrupt.line_no == 2
