@@ -130,7 +130,7 @@ async def run_streams(root: str, n: int, seconds: float, per_task: bool, sync_mo
             stop.set()
             timing = store.es.timing.summary()
             n_slots = len(store.saver.slots)
-    print(f"  {n} streams, {sync_mode}/{slots}: {timing}", flush=True)
+    print(f"  {n} streams, {sync_mode}/{n_slots} slots, where the committer's time went: {timing}", flush=True)
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.join(root, "sessions"))
                for f in fs if f == "log.jsonl")
     offered = n / INTERVAL
@@ -250,12 +250,18 @@ def main(argv: list[str] | None = None) -> int:
             {"design": "(c) SQLite WAL FULL, batched", "durable updates/s": sq, "sustainable streams": sq * INTERVAL,
              "ours / it": ours / max(1e-9, sq * INTERVAL)}]
     print(table("baselines, same run (sustainable streams = updates/s x 0.25 s)", base))
-    top = main_rows[-1]
-    print(verdict(f"{top['streams']} streams: records/s vs offered {top['offered/s']:.0f}", top["records/s"],
-                  0.99 * top["offered/s"]))
-    print(verdict("on-time intervals %", top["on-time %"], 99.0))
-    print(verdict("append-to-durable p99 ms", top["durable p99 ms"], 50.0, higher_is_better=False))
-    print(verdict("producer write() p99 us", top["write p99 us"], 50.0, higher_is_better=False))
+    # The targets: 10,000 streams sustained with p99 <= 50 ms and >= 99 %
+    # of intervals on time; 20,000 sustained (the largest N kept up is above).
+    for top in main_rows:
+        if top["streams"] not in (10000, 20000) and top is not main_rows[-1]:
+            continue
+        n = top["streams"]
+        print(verdict(f"{n} streams: records/s vs offered {top['offered/s']:.0f}", top["records/s"],
+                      0.99 * top["offered/s"]))
+        print(verdict(f"{n} streams: on-time intervals %", top["on-time %"], 99.0))
+        print(verdict(f"{n} streams: append-to-durable p99 ms", top["durable p99 ms"], 50.0, higher_is_better=False))
+        print(verdict(f"{n} streams: producer write() p99 us", top["write p99 us"], 50.0, higher_is_better=False))
+    print(f"  largest N kept up and on time: {ours}")
     print(verdict("x snapshot design", ours / max(1e-9, sn * INTERVAL), 5.0))
     print(verdict("x SQLite WAL", ours / max(1e-9, sq * INTERVAL), 1.0))
     print("saved", save("throttle", {"rows": rows, "baselines": base, "runs": runs, "seconds": seconds,

@@ -1,7 +1,8 @@
 # eventstore/: the write side. Pure: events.py (the event union), record.py
 # (line framing + checksum), ids.py (session-id validation). I/O: fsio.py (the
 # seam under every file operation), log.py (layout, scan, torn-tail repair),
-# commit.py (group commit: one committer task per store, syncs off the trio thread).
+# commit.py (group commit: one committer task per store, syncs off the trio thread),
+# journal.py (the write-ahead journal's frames, invariants and start-time write-back).
 from .commit import Appended as Appended
 from .commit import CommitStatistics as CommitStatistics
 from .commit import EventStore as EventStore
