@@ -69,7 +69,7 @@ from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken,
 from .events import Event, SessionDeleted
 from .fsio import HAVE_SYNCFS, OS_FILES, FileOps, lock_root
 from .journal import (SEGMENT_BYTES, Entry, JournalRecovery, apply_journal, birth, encode_frame, journal_dir,
-                      segment_name)
+                      born_of, log_born, segment_name)
 from .log import SESSIONS_DIR, log_path, session_dir
 from .record import Record, encode_record
 
@@ -161,10 +161,11 @@ class _Batch:
 
 
 class _Session:
-    __slots__ = ("last_seq", "end", "durable_seq", "written_seq", "written_end", "corrupt", "deleted")
+    __slots__ = ("last_seq", "end", "durable_seq", "written_seq", "written_end", "corrupt", "deleted", "born")
 
-    def __init__(self, last_seq: int, end: int, corrupt: CorruptRecord | None) -> None:
+    def __init__(self, last_seq: int, end: int, corrupt: CorruptRecord | None, born: int | None = None) -> None:
         self.deleted = False  # its tombstone is appended: nothing may follow it
+        self.born = born      # journal.born_of(the log's first line); None: not read yet
         self.last_seq = last_seq
         self.end = end
         self.durable_seq = last_seq   # acknowledged (in the journal, or synced in the log)
@@ -222,6 +223,7 @@ class EventStore:
         self._written = trio.Event()  # set (and replaced) each time _written_no moves
         self._written_no = 0          # the last batch whose lines are in the logs
         self._commit_done = False
+        self._writer_done = False     # the log writer ended (all written, or its write failed)
         self._sync_lock = trio.Lock()
         self._sync_wake = trio.Event()
         self._sync_scope = trio.CancelScope()
@@ -258,6 +260,14 @@ class EventStore:
     def written_seq(self, session_id: str) -> int:
         """The last record that is durable *and* in the log file."""
         return self._session(session_id).written_seq
+
+    def unwritten(self, session_id: str) -> bytes:
+        """A session's acknowledged lines that are not in its log file (they
+        follow `durable_end`): empty unless the log writer failed, and then
+        what readers add to what the file holds."""
+        if not self._writer_done or not self._unwritten:
+            return b""
+        return b"".join(line for b in self._unwritten for line in b.lines.get(session_id, ()))
 
     def durable_end(self, session_id: str) -> int:
         """Where `written_seq` ends in the log: a reader of the file finds
@@ -328,7 +338,7 @@ class EventStore:
         finally:
             self._creating.discard(session_id)
         self._check_open()
-        self._sessions[session_id] = _Session(len(out), end, None)
+        self._sessions[session_id] = _Session(len(out), end, None, born_of(lines[0]) if lines else None)
         for a in out:
             for listener in self.listeners:
                 listener(session_id, a.record, a.end)
@@ -498,9 +508,16 @@ class EventStore:
         """
         b = self._batch
         target = self._batch_no + (1 if b.lines or b.births else 0)
-        while self._written_no < target:
+        while True:
             if self._broken is not None:
-                self._check_open()
+                # Broken: what was acknowledged still goes into the logs (the
+                # log writer goes on unless its own write failed), so that
+                # reads, which go on, see it; then say so.
+                target = min(target, self._committed_no)
+                if self._written_no >= target or self._writer_done:
+                    self._check_open()
+            elif self._written_no >= target:
+                return
             await self._written.wait()
 
     # -- the committer ----------------------------------------------------
@@ -590,28 +607,37 @@ class EventStore:
         first, several batches at once when they queue up (one write per
         session for all of them). A failed write is fatal, as a failed sync:
         the journal keeps the records for the next start."""
-        while True:
-            if self._broken is not None:
-                return  # nothing more is written after a failure; the journal holds these
-            if not self._unwritten:
-                if self._commit_done:
+        try:
+            while True:
+                if not self._unwritten:
+                    if self._commit_done:
+                        return
+                    await self._write_wake.wait()
+                    self._write_wake = trio.Event()
+                    continue
+                batches, self._unwritten = self._unwritten, []
+                try:
+                    async with self._fd_lock:
+                        devs = await trio.to_thread.run_sync(self._write_logs_sync, batches)
+                except OSError as e:
+                    # Nothing more is written; the journal holds these, and
+                    # readers see them through unwritten() until a restart.
+                    self._unwritten[:0] = batches
+                    self._fail(e)
                     return
-                await self._write_wake.wait()
-                self._write_wake = trio.Event()
-                continue
-            batches, self._unwritten = self._unwritten, []
-            try:
-                async with self._fd_lock:
-                    devs = await trio.to_thread.run_sync(self._write_logs_sync, batches)
-            except OSError as e:
-                self._fail(e)
-                return
-            self._dirty_devs |= devs
-            if not HAVE_SYNCFS:
-                for b in batches:
-                    self._dirty_sids.update(b.lines)
-            self._mark_written(batches)
-            self._sync_wake.set()
+                self._after_write(batches, devs)
+        finally:
+            self._writer_done = True
+            self._written.set()
+            self._written = trio.Event()
+
+    def _after_write(self, batches: list[_Batch], devs: set[int]) -> None:
+        self._dirty_devs |= devs
+        if not HAVE_SYNCFS:
+            for b in batches:
+                self._dirty_sids.update(b.lines)
+        self._mark_written(batches)
+        self._sync_wake.set()
 
     def _write_logs_sync(self, batches: list[_Batch]) -> set[int]:
         """In a worker thread: each session's lines of these batches, in order,
@@ -664,9 +690,16 @@ class EventStore:
         fs = self.fs
         entries: list[Entry] = [birth(sid) for sid in batch.births]
         last, offsets = batch.last_seq, batch.offsets
+        sessions = self._sessions
         for sid, lines in batch.lines.items():
+            sess = sessions.get(sid)
+            born = sess.born if sess is not None else None
+            if born is None:  # a session found on disk: read once
+                born = log_born(fs, log_path(self.root, sid)) or 0
+                if sess is not None:
+                    sess.born = born
             entries.append((sid, last[sid] - len(lines) + 1, offsets[sid],
-                            lines[0] if len(lines) == 1 else b"".join(lines)))
+                            lines[0] if len(lines) == 1 else b"".join(lines), born))
         frame = encode_frame(batch.no, entries)
         t0 = time.perf_counter()
         if self._seg_fd is None:

@@ -28,9 +28,10 @@ sequential file instead:
 Invariants:
 - A frame is `SLJ1`, its batch number (8 bytes), payload length (4), CRC-32
   of the payload (4), then the payload: a msgpack list of entries
-  `[session id, first seq, byte offset in the log, lines]` (the exact bytes
-  appended to the log; seq counts the lines) or a birth marker
-  `[session id, 0, -1, b""]`. Batch numbers only increase, by one per frame,
+  `[session id, first seq, byte offset in the log, lines, born]` (the exact
+  bytes appended to the log; seq counts the lines; `born` the ts of the log's
+  first line's CRC-32, which tells a log from an earlier one of the same id)
+  or a birth marker `[session id, 0, -1, b"", 0]`. Batch numbers only increase, by one per frame,
   and a segment's first frame carries the number in its name. A record is
   acknowledged only after the fdatasync of the segment holding its frame
   (and, for a new segment, of the journal folder naming it).
@@ -40,14 +41,17 @@ Invariants:
 - Recovery (`apply_journal`, before anything reads a log or `index.json`):
   read the segments in order, cutting each at its first bad frame (a torn
   write of a frame nobody was told about; damage elsewhere is reported).
-  Per session, keep only the entries after its last birth marker (a session
-  deleted and created again under the same id: the old one's entries are
-  not its own), check they form one chain (seq and offset), and make the log
+  Per session, keep only the entries after its last birth marker and whose
+  `born` matches the log's first line (a session deleted and created
+  again under the same id: the old one's entries are not its own, even if a
+  damaged frame took the marker with it), check they form one chain (seq and offset), and make the log
   hold exactly those bytes from the first entry's offset on: compare, and
   from the first difference truncate and write the journal's bytes (torn,
   zeroed or stale bytes past the synced part are replaced; repeating this
   after a cut is safe, the journal is untouched until the end). Then sync
-  the touched logs, unlink the segments and fsync the folder.
+  the touched logs, unlink the segments and fsync the folder. If anything
+  could not be applied (damage in the journal or in a log), the segments are
+  kept instead, moved to `journal-damaged-<n>/`, and reported.
 - A log that no longer exists is left alone (its session was deleted: the
   removal of its folder is durable before that session can be created again,
   and a re-creation under an id with entries still in the journal first
@@ -78,9 +82,10 @@ _MAGIC: Final = b"SLJ1"
 _HEADER: Final = struct.Struct("<4sQII")
 _BIRTH: Final = -1
 
-Entry = tuple[str, int, int, bytes]  # (session id, first seq, offset, lines)
+# (session id, first seq, offset, lines, born: the CRC-32 of the log's first line)
+Entry = tuple[str, int, int, bytes, int]
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(list[tuple[str, int, int, bytes]]).decode
+_decode = msgspec.msgpack.Decoder(list[tuple[str, int, int, bytes, int]]).decode
 
 
 def journal_dir(root: str) -> str:
@@ -97,7 +102,20 @@ def encode_frame(batch_no: int, entries: list[Entry]) -> bytes:
 
 
 def birth(session_id: str) -> Entry:
-    return (session_id, 0, _BIRTH, b"")
+    return (session_id, 0, _BIRTH, b"", 0)
+
+
+def born_of(first_line: bytes) -> int:
+    """What tells a log from an earlier one of the same id: the CRC-32 of its
+    first line (newline included), which holds its creation time."""
+    return zlib.crc32(first_line)
+
+
+def log_born(fs: FileOps, path: str) -> int | None:
+    """born_of a log's first line; None if it has no whole first line."""
+    head = fs.read_bytes(path, 0, 64 * 1024)
+    nl = head.find(b"\n")
+    return None if nl < 0 else born_of(head[:nl + 1])
 
 
 def decode_frames(data: bytes, first_batch: int) -> tuple[list[tuple[int, list[Entry]]], int, str | None]:
@@ -177,13 +195,18 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
         return rep
     rep.segments = len(segs)
     chains: dict[str, _Chain] = {}
+    damaged = False
     for i, (first, path) in enumerate(segs):
-        frames, end, why = decode_frames(fs.read_bytes(path), first)
+        data = fs.read_bytes(path)
+        frames, end, why = decode_frames(data, first)
         if why is not None:
-            last = i == len(segs) - 1
+            # A torn last write has nothing after it; anything else is damage
+            # (the frames after it were acknowledged and are lost here).
+            torn = i == len(segs) - 1 and _only_torn(data, end)
+            damaged = damaged or not torn
             rep.notes.append(f"journal: {os.path.basename(path)}: {why} at byte {end}"
-                             + (" (a torn last write: nothing in it was acknowledged)" if last else
-                                " (damage: records after it in this segment are lost)"))
+                             + (" (a torn last write: nothing in it was acknowledged)" if torn else
+                                " (damage: the records after it in this segment are lost)"))
         for _, entries in frames:
             rep.frames += 1
             for e in entries:
@@ -202,16 +225,50 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
         path = log_path(root, sid)
         if not fs.exists(path):
             continue  # deleted (see the header)
-        n = _apply_chain(fs, path, sid, chain.entries, rep)
+        born = log_born(fs, path)
+        if born is None:
+            rep.notes.append(f"journal: the log of {sid} has no readable first record; its "
+                             f"{len(chain.entries)} journaled writes are not applied")
+            damaged = True
+            continue
+        mine = [e for e in chain.entries if e[4] == born]
+        if not mine:
+            continue  # an earlier session of this id (deleted)
+        notes = len(rep.notes)
+        n = _apply_chain(fs, path, sid, mine, rep)
+        damaged = damaged or len(rep.notes) > notes
         touched.append(path)
         if n:
             rep.records += n
             rep.sessions.append(sid)
     _sync_logs(fs, touched)
-    for _, path in segs:
-        fs.unlink(path)
+    if damaged:
+        keep = _keep_damaged(fs, root, segs)
+        rep.notes.append(f"journal: kept in {keep} (something in it could not be applied)")
+    else:
+        for _, path in segs:
+            fs.unlink(path)
     fs.fsync_dir(journal_dir(root))
     return rep
+
+
+def _only_torn(data: bytes, end: int) -> bool:
+    """Nothing after `end` looks like the start of a frame: a torn last write
+    (or zeros), not a bad frame followed by good ones."""
+    return data.find(_MAGIC, end + 1) < 0
+
+
+def _keep_damaged(fs: FileOps, root: str, segs: list[tuple[int, str]]) -> str:
+    n = 1
+    while fs.exists(os.path.join(root, f"{JOURNAL_DIR}-damaged-{n}")):
+        n += 1
+    folder = os.path.join(root, f"{JOURNAL_DIR}-damaged-{n}")
+    fs.mkdir(folder)
+    fs.fsync_dir(root)
+    for _, path in segs:
+        fs.rename(path, os.path.join(folder, os.path.basename(path)))
+    fs.fsync_dir(folder)
+    return folder
 
 
 def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: JournalRecovery) -> int:

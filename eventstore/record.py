@@ -124,6 +124,7 @@ class _ProgressStubV1(msgspec.Struct, frozen=True, tag_field="type", tag="messag
     pass
 
 
+_RAWS: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _ENVELOPES: Final = msgspec.json.Decoder(list[_Envelope])
 _EVENTS: Final = msgspec.json.Decoder(list[Event])  # type: ignore[valid-type]
 _META_EVENTS: Final = msgspec.json.Decoder(
@@ -149,12 +150,14 @@ def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record]
             return None
     joined = b"[" + b",".join(lines) + b"]"
     try:
+        # One JSON value a line, exactly: the array's values, as raw bytes,
+        # have the lines' lengths (no value spans or shares lines).
+        if [len(r) for r in _RAWS.decode(joined)] != [len(line) for line in lines]:
+            return None
         envs = _ENVELOPES.decode(joined)
         events = (_META_EVENTS if meta_only else _EVENTS).decode(joined)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    if len(envs) != len(lines) or len(events) != len(lines):
-        return None  # not one object a line
     out = [Record(e.seq, e.ts, ev) for e, ev in zip(envs, events)]
     for i, r in enumerate(out):
         t = type(r.event)

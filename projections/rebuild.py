@@ -17,6 +17,7 @@ import msgspec
 from eventstore.errors import EventStoreError, UnknownSession
 from eventstore.events import SessionCreated
 from eventstore.fsio import FileOps
+from eventstore.journal import list_segments
 from eventstore.ids import validate_session_id
 from eventstore.log import LOG_NAME, log_path, project_log_path, read_log, scan, session_folders
 from eventstore.record import Record
@@ -90,6 +91,12 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
         problems.append(Problem(sid, None, f"orphan folder: no {LOG_NAME} in sessions/{sid}/"))
     if fs.exists(index_path(root) + ".tmp"):
         problems.append(Problem("index.json.tmp", None, "a left-over temp file (the next start removes it)"))
+    segs, _ = list_segments(fs, root)
+    if segs:
+        problems.append(Problem("journal", None, f"{len(segs)} journal segment(s): a server is running on this "
+                                "store, or one stopped without finishing (a crash); acknowledged records there "
+                                "may be missing from the logs below until a start or `sessionlog rebuild` "
+                                "writes them back"))
     problems += verify_projects(fs, root)
     enc = msgspec.json.Encoder()
     for i, sid in enumerate(ids):

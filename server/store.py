@@ -30,6 +30,7 @@ from eventstore.events import (Event, HeadMoved, MessageCreated, MessageFinalize
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
                                SessionRenamed)
 from eventstore.log import read_log, scan
+from eventstore.record import decode_record
 from projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index, encode_snapshot,
                                     write_index, write_snapshot)
 from projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
@@ -273,6 +274,7 @@ class SessionStore:
         try:
             await self._flush_for_read()
             state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
+            self._add_unwritten(session_id, state)
             for rec, end in buf:
                 if rec.seq > state.seq:
                     state.apply(rec, end)
@@ -287,6 +289,17 @@ class SessionStore:
         self._states[session_id] = state
         self._evict_states()
         return state
+
+    def _add_unwritten(self, session_id: str, state: SessionState) -> None:
+        """After a failed log write, acknowledged records that only the journal
+        holds (until a restart writes them back) are folded in from memory."""
+        extra = self.es.unwritten(session_id) if session_id in self.es else b""
+        end = self.es.durable_end(session_id) if extra else 0
+        for line in extra.splitlines(keepends=True):
+            end += len(line)
+            rec = decode_record(line)
+            if rec.seq > state.seq:
+                state.apply(rec, end)
 
     async def _flush_for_read(self) -> None:
         """Before a read of a log: everything appended so far is in the file.
@@ -724,6 +737,9 @@ class SessionStore:
         """How long the message's content was as of `seq` (read from the log)."""
         await self._flush_for_read()
         data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
+        extra = self.es.unwritten(session_id)
+        if extra:  # a failed log write: what only the journal holds follows the written part
+            data = data[:self.es.durable_end(session_id)] + extra
         state = fold_until(scan(session_id, data).records, data, seq)
         m = state.messages.get(msg_id)
         return len(m.content) if m is not None else 0

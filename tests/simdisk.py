@@ -189,8 +189,15 @@ class _Model:
                     self.name_synced_at[p] = self.applied
             self.dur = {p: i for p, i in self.dur.items() if _parent(p) != d}
             self.dur.update({p: i for p, i in self.cur.items() if _parent(p) == d})
+            gone = {x for x in self.dur_dirs if _parent(x) == d and x != d and x not in self.cur_dirs}
             self.dur_dirs = {x for x in self.dur_dirs if _parent(x) != d or x == d}
             self.dur_dirs |= {x for x in self.cur_dirs if _parent(x) == d and x != d}
+            # a folder whose removal is durable takes its durable names along
+            # (a folder made again under that name starts empty)
+            for x in gone:
+                pre = x + os.sep
+                self.dur = {p: i for p, i in self.dur.items() if not p.startswith(pre)}
+                self.dur_dirs = {y for y in self.dur_dirs if not y.startswith(pre)}
         elif kind == "truncate":
             ino = self.inodes[self.cur[op[1]]]
             ino.cur = ino.cur[: op[2]]

@@ -187,6 +187,15 @@ def test_the_model_loses_what_was_not_synced(tmp_path):
     assert (tmp_path / "e" / "d" / "f").read_bytes() == b"abcdef"
 
 
+def test_a_folder_removed_and_made_again_starts_empty_in_the_model(tmp_path):
+    """Review finding (the simulator): a durable removal of a folder takes its
+    durable files along; a folder made again under that name is empty."""
+    ops = [("mkdir", "d"), ("sync_dir", "."), ("create", "d/f"), ("write", "d/f", b"x"), ("sync", "d/f"),
+           ("sync_dir", "d"), ("rmtree", "d"), ("sync_dir", "."), ("mkdir", "d"), ("sync_dir", ".")]
+    crash_image(ops, "drop", str(tmp_path / "a"))
+    assert os.listdir(tmp_path / "a" / "d") == []
+
+
 def _baseline_ops(root: str) -> list[tuple]:
     """Operations that make a model disk hold `root`'s files, all durable."""
     ops: list[tuple] = []

@@ -145,3 +145,21 @@ def test_the_one_pass_decoder_agrees_with_the_line_by_line_one():
     bad[len(good[0]) + 30] ^= 1
     s = scan("s", bytes(bad), expect_seq=1)
     assert s.corrupt is not None and s.corrupt.line_no == 2
+
+
+def test_the_one_pass_decoder_never_reads_objects_across_lines():
+    """Review finding: lines with good checksums whose JSON objects span or
+    share lines decode as one array; the one-pass path must hand them back."""
+    import zlib
+
+    from eventstore.record import decode_lines
+
+    def line(rest: bytes) -> bytes:
+        return b'{"crc":"%08x",%s' % (zlib.crc32(rest), rest)
+    l1 = line(b'"seq":1,"ts":1.0,"type":"session_created","session_id":"s","created_at":1.0},'
+              b'{"seq":2,"ts":1.0,"type":"session_renamed","title":"a"}')
+    l2 = line(b'"seq":3,"ts":1.0,"type":"session_renamed","title":"b","x":[{}')
+    l3 = line(b'"z":0}]}')
+    assert decode_lines([l1, l2, l3]) is None
+    data = l1 + b"\n" + l2 + b"\n" + l3 + b"\n"
+    assert scan("s", data, expect_seq=1).records == []  # what the line-by-line path makes of it
