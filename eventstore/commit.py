@@ -290,7 +290,8 @@ class EventStore:
 
     def _fail(self, error: BaseException) -> None:
         """The store is broken from now on; tell the failure listeners once."""
-        self._written.set()  # flush() waiters see the failure
+        self._written.set()  # flush() waiters see the failure (and wait again on a new event)
+        self._written = trio.Event()
         if self._broken is None:
             self._broken = error
             for listener in self.failure_listeners:

@@ -113,9 +113,16 @@ def born_of(first_line: bytes) -> int:
 
 def log_born(fs: FileOps, path: str) -> int | None:
     """born_of a log's first line; None if it has no whole first line."""
-    head = fs.read_bytes(path, 0, 64 * 1024)
-    nl = head.find(b"\n")
-    return None if nl < 0 else born_of(head[:nl + 1])
+    from .record import MAX_RECORD_BYTES
+    size = 64 * 1024
+    while True:
+        head = fs.read_bytes(path, 0, size)
+        nl = head.find(b"\n")
+        if nl >= 0:
+            return born_of(head[:nl + 1])
+        if len(head) < size or size > MAX_RECORD_BYTES:
+            return None
+        size *= 4
 
 
 def decode_frames(data: bytes, first_batch: int) -> tuple[list[tuple[int, list[Entry]]], int, str | None]:
@@ -253,9 +260,17 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
 
 
 def _only_torn(data: bytes, end: int) -> bool:
-    """Nothing after `end` looks like the start of a frame: a torn last write
-    (or zeros), not a bad frame followed by good ones."""
-    return data.find(_MAGIC, end + 1) < 0
+    """No good frame after `end`: a torn last write (or zeros), not a bad frame
+    followed by good ones. (The magic alone may be in a frame's payload.)"""
+    pos = data.find(_MAGIC, end + 1)
+    while pos >= 0:
+        if len(data) - pos >= _HEADER.size:
+            _, _, length, crc = _HEADER.unpack_from(data, pos)
+            body = data[pos + _HEADER.size: pos + _HEADER.size + length]
+            if len(body) == length and zlib.crc32(body) == crc:
+                return False
+        pos = data.find(_MAGIC, pos + 1)
+    return True
 
 
 def _keep_damaged(fs: FileOps, root: str, segs: list[tuple[int, str]]) -> str:

@@ -144,6 +144,7 @@ class SessionStore:
         self._checking: dict[str, trio.Event] = {}
         self.checked = trio.Event()    # the background check of the skipped log prefixes is done
         self.shutting_down = False
+        self.publishing = 0  # terminal updates waiting for their record to be durable
         es.listeners.append(self._on_record)
         es.append_listeners.append(self._after_append)
 
@@ -188,6 +189,7 @@ class SessionStore:
             if self._nursery is not None:
                 # A terminal status is published only once it is durable: a
                 # subscriber that saw "done" never sees "aborted" after a crash.
+                self.publishing += 1
                 self._nursery.start_soon(self._publish_when_durable, sid, update)
 
     async def _publish_when_durable(self, sid: str, update: MsgUpdate) -> None:
@@ -197,6 +199,8 @@ class SessionStore:
             self.hub.end(sid, "session deleted" if isinstance(e, UnknownSession) else "store failure",
                          msg_id=update.msg_id)
             return
+        finally:
+            self.publishing -= 1
         self.hub.publish(update)
 
     def _store_failed(self, error: BaseException) -> None:
@@ -597,6 +601,9 @@ class SessionStore:
         # Live (stoppable, watched) only once its placeholder is durable.
         msg.last_activity = trio.current_time()
         self.saver.start(msg)
+        if self.shutting_down:  # a stop began while the placeholder was written: it ends at once
+            msg.abort_reason = "server shutdown"
+            msg.scope.cancel()
         status, error, reason = "done", None, None
         try:
             with msg.scope:

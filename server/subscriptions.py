@@ -38,6 +38,7 @@ class MsgUpdate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tokens: dict[str, int] | None = None
     error: str | None = None
     aborted_reason: str | None = None
+    more: bool = False  # a piece of a longer update (see split_update)
 
 
 TERMINAL: Final = frozenset({"done", "error", "aborted"})
@@ -46,13 +47,24 @@ TERMINAL: Final = frozenset({"done", "error", "aborted"})
 # WebSocket clients): a longer catch-up is sent in pieces, and a slow
 # client's merged update grows no further.
 MAX_UPDATE_CHARS: Final = 128 * 1024
+# What one frame should stay under (the common client limit): the content of
+# a piece that carries a `tree` is cut so that both fit, when the tree does.
+FRAME_BYTES: Final = 1024 * 1024 - 4096
+_ENC = msgspec.json.Encoder()
+
+
+def _tree_bytes(u: MsgUpdate) -> int:
+    return 0 if u.tree is None else len(_ENC.encode(u.tree))
 
 
 def merge_updates(a: MsgUpdate, b: MsgUpdate) -> MsgUpdate | None:
     """`a` then `b` as one update (b's delta starts where a's ends), or None
     when they do not follow each other or would be too long together."""
-    if b.offset != a.offset + len(a.content_delta) or a.status in TERMINAL \
-            or len(a.content_delta) + len(b.content_delta) > MAX_UPDATE_CHARS:
+    chars = len(a.content_delta) + len(b.content_delta)
+    if b.offset != a.offset + len(a.content_delta) or a.status in TERMINAL or chars > MAX_UPDATE_CHARS:
+        return None
+    if (a.tree is not None or b.tree is not None) and \
+            6 * chars + 1024 + _tree_bytes(b if b.tree is not None else a) > FRAME_BYTES:
         return None
     return msgspec.structs.replace(
         b, offset=a.offset, content_delta=a.content_delta + b.content_delta,
@@ -61,16 +73,20 @@ def merge_updates(a: MsgUpdate, b: MsgUpdate) -> MsgUpdate | None:
 
 def split_update(u: MsgUpdate) -> list[MsgUpdate]:
     """An update in pieces of at most MAX_UPDATE_CHARS characters; all but the
-    last say `running` (the last carries the update's status and the rest)."""
+    last say `running` and `more` (their `seq` is the whole update's: resume
+    from one of them by `offset`, not `after_seq`); the last carries the
+    update's status, tree and the rest, with no more content than fits one
+    frame beside its tree."""
     d = u.content_delta
-    if len(d) <= MAX_UPDATE_CHARS:
-        return [u]
     n = MAX_UPDATE_CHARS
+    last_room = n if u.tree is None else max(0, min(n, (FRAME_BYTES - 1024 - _tree_bytes(u)) // 6))
+    if len(d) <= last_room:
+        return [u]
+    cut = len(d) - last_room  # the last piece's content starts here
     out = [MsgUpdate(session_id=u.session_id, msg_id=u.msg_id, seq=u.seq, offset=u.offset + i,
-                     content_delta=d[i:i + n], status="running", durable_seq=u.durable_seq)
-           for i in range(0, len(d) - n, n)]
-    last = len(out) * n
-    out.append(msgspec.structs.replace(u, offset=u.offset + last, content_delta=d[last:]))
+                     content_delta=d[i:min(i + n, cut)], status="running", durable_seq=u.durable_seq, more=True)
+           for i in range(0, cut, n)]
+    out.append(msgspec.structs.replace(u, offset=u.offset + cut, content_delta=d[cut:]))
     return out
 
 

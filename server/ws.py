@@ -321,7 +321,11 @@ class Server:
         store = self.store
         store.shutting_down = True
         await store.abort_running("server shutdown")
-        await trio.lowlevel.checkpoint()  # the finalizes' own (durable) terminal updates go out first
+        # The finalizes' own terminal updates (a reply that just ended `done`
+        # included) go out first: they are published once durable.
+        with trio.move_on_after(timeout):
+            while store.publishing:
+                await trio.sleep(0.005)
         store.hub.end(None, "server shutdown")
         with trio.move_on_after(timeout):
             while not all(c.drained() for c in self.connections):
