@@ -725,6 +725,8 @@ class SessionStore:
             raise NotFound("unknown_message", f"unknown message {msg_id!r}")
         if have < 0 or have > len(m.content):
             raise BadRequest("bad_offset", f"offset {have} is outside the message's {len(m.content)} characters")
+        if session_id not in self.registry or session_id not in self.es:  # deleted while we waited
+            raise NotFound("unknown_session", f"session {session_id!r} was deleted")
         sub = self.hub.add(session_id, msg_id, have)
         sub.push(MsgUpdate(session_id=session_id, msg_id=msg_id, seq=m.seq, offset=0, content_delta=m.content,
                            status=m.status, tree=m.metadata.get("context_tree"),

@@ -604,13 +604,15 @@ class Connection:
 
     async def subscribe(self, r: p.SubscribeMsg) -> None:
         key = (r.session_id, r.msg_id)
+        if key not in self.subs and len(self.subs) >= MAX_SUBSCRIPTIONS:
+            raise ServiceError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+        # The old subscription of this message (if any) goes only once the new
+        # one exists: a refused re-subscribe leaves the client its old stream.
+        sub = await self.store.subscribe(r.session_id, r.msg_id, offset=r.offset, after_seq=r.after_seq)
         old = self.subs.pop(key, None)
         if old is not None:
             old.close()
         self._pending.pop(key, None)  # a queued update of the old one is not merged with the new
-        if len(self.subs) >= MAX_SUBSCRIPTIONS:
-            raise ServiceError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
-        sub = await self.store.subscribe(r.session_id, r.msg_id, offset=r.offset, after_seq=r.after_seq)
         self.subs[key] = sub
         self.reply("subscribed", {"session_id": r.session_id, "msg_id": r.msg_id}, r.request_id)
         sub.attach(self.deliver)  # no await since subscribe: nothing was published in between

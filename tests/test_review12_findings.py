@@ -133,3 +133,26 @@ def test_a_log_whose_first_line_is_over_64_kib_gets_its_records_back(tmp_path):
         f.truncate(len(data) - len(data.splitlines(keepends=True)[-1]))
     apply_journal(OS_FILES, root)
     assert [r.seq for r in scan("s", read_log(OS_FILES, root, "s")).records] == [1, 2]
+
+
+async def test_a_refused_re_subscribe_leaves_the_old_subscription_streaming(root, nursery):
+    """Review finding: re-subscribing with a bad offset closed the old
+    subscription first, so the page's reply never got its terminal update."""
+    server = await start_server(nursery, root, speed=100.0, tokens=(40, 40))
+    async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False) as ws:
+        await _send(ws, "chat", content="hi", request_id=1)
+        while True:
+            f = json.loads(await ws.get_message())
+            if f.get("request_id") == 1:
+                break
+        sid, rid = f["data"]["session_id"], f["data"]["reply_id"]
+        await _send(ws, "subscribe_msg", session_id=sid, msg_id=rid, offset=0, request_id=2)
+        await _send(ws, "subscribe_msg", session_id=sid, msg_id=rid, offset=10**9, request_id=3)
+        statuses, refused = [], False
+        with trio.fail_after(10):
+            while not statuses or statuses[-1] == "running":
+                f = json.loads(await ws.get_message())
+                refused = refused or (f["type"] == "error" and f.get("request_id") == 3)
+                if f["type"] == "msg_update":
+                    statuses.append(f["data"]["status"])
+    assert refused and statuses[-1] == "done"
