@@ -192,6 +192,7 @@ class EventStore:
         self.journal_sync_interval = journal_sync_interval
         self.journal_recovery = JournalRecovery()  # what opening the store re-applied
         self.timing = Timing()  # where the committer's time goes (bench/, metrics)
+        self.bytes_appended = 0  # bytes of records in the logs (metrics)
         self.max_open = _descriptor_budget(max_open)
         self.listeners: list[Listener] = []
         # Called after each durable batch with (records, perf_counter() of its
@@ -593,12 +594,16 @@ class EventStore:
 
     def _mark_written(self, batches: list[_Batch]) -> None:
         sessions = self._sessions
+        total = 0
         for batch in batches:
             for sid, lines in batch.lines.items():
+                n = sum(map(len, lines))
+                total += n
                 sess = sessions.get(sid)
                 if sess is not None:
                     sess.written_seq = batch.last_seq[sid]
-                    sess.written_end += sum(map(len, lines))
+                    sess.written_end += n
+        self.bytes_appended += total
         self._written_no = batches[-1].no
         self._written.set()
         self._written = trio.Event()

@@ -878,6 +878,12 @@ class SessionStore:
                 log.debug("removed session %s at startup: %s", sid, why)
         log.info("%s", done.summary(len(self.aborted_at_start)))
         await self._cache_write(self.write_checkpoint)
+        r = self.recovery
+        log.info("started: %d sessions, %d records replayed (%d full replays, %d tails), %d torn tails, "
+                 "%d quarantined, %d records written back from the journal, %d removed by maintenance, "
+                 "%d replies aborted, in %.2f s", len(self.registry), r.records, r.full_replays, r.tail_replays,
+                 len(r.torn), len(r.quarantined), r.journal.records, len(self.removed_at_start),
+                 len(self.aborted_at_start), r.seconds)
 
     async def _writable_at_start(self, sid: str) -> bool:
         if sid not in self.es:

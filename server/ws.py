@@ -41,6 +41,8 @@ from .agent import Agent, DemoAgent
 from .errors import NotFound, ServiceError
 from .gc_policy import tune_gc
 from .store import SessionStore, StoreConfig, open_session_store
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import ServerMetrics, readiness
 from .subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
 
 log = logging.getLogger("sessionlog.ws")
@@ -52,6 +54,8 @@ MAX_HEAD: Final = 16 * 1024
 HEAD_TIMEOUT: Final = 10.0
 # Frames queued for one client before it is dropped as too slow.
 SEND_QUEUE: Final = 512
+# Operator endpoints (GET and HEAD): liveness, readiness, Prometheus metrics.
+OPS_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 # A client that has not taken one frame in this long is dropped.
 SEND_TIMEOUT: Final = 5.0
 # Subscriptions one connection may hold (a page subscribes to running messages only).
@@ -139,11 +143,11 @@ async def _read_head(stream: trio.abc.Stream) -> tuple[_Request, bytes] | None:
 
 
 async def _http_reply(stream: trio.abc.Stream, status: str, body: bytes, ctype: str = "text/plain; charset=utf-8",
-                      extra: str = "") -> None:
+                      extra: str = "", *, head_only: bool = False) -> None:
     head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n{extra}\r\n")
     with trio.move_on_after(5):
-        await stream.send_all(head.encode() + body)
+        await stream.send_all(head.encode() + (b"" if head_only else body))
 
 
 class Server:
@@ -155,9 +159,11 @@ class Server:
         self.agent = agent
         self.port = config.port
         self.connections: set[Connection] = set()
+        self.dropped = 0  # connections dropped for not taking their frames
         self._shared: tuple[MsgUpdate | None, str] = (None, "")
         self._agents: trio.Nursery | None = None
         store.watchers.append(self._on_store_change)
+        self.metrics = ServerMetrics(self)
 
     # -- security --------------------------------------------------------------
 
@@ -199,6 +205,8 @@ class Server:
                     await _http_reply(stream, "403 Forbidden", f"{why}\n".encode())
                     return
                 await self._websocket(_Replay(stream, raw))
+            elif req.path in OPS_PATHS and req.method in ("GET", "HEAD"):
+                await self._ops(stream, req)
             elif req.method == "GET":
                 await self._static(stream, req)
             else:
@@ -211,6 +219,22 @@ class Server:
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 await stream.aclose()
+
+    async def _ops(self, stream: trio.abc.Stream, req: _Request) -> None:
+        """Probes and metrics: no Host check and no token (a Kubernetes probe or
+        a Prometheus scrape addresses the pod, not a name), nothing in them but
+        counts and states (server/metrics.py)."""
+        head = req.method == "HEAD"
+        if req.path == "/healthz":
+            await _http_reply(stream, "200 OK", b"ok\n", head_only=head)
+        elif req.path == "/readyz":
+            why = readiness(self)
+            if why is None:
+                await _http_reply(stream, "200 OK", b"ready\n", head_only=head)
+            else:
+                await _http_reply(stream, "503 Service Unavailable", f"not ready: {why}\n".encode(), head_only=head)
+        else:
+            await _http_reply(stream, "200 OK", self.metrics.render(), METRICS_TYPE, head_only=head)
 
     async def _static(self, stream: trio.abc.Stream, req: _Request) -> None:
         if req.headers.get("host", "") not in self.allowed_hosts():
@@ -415,6 +439,7 @@ class Connection:
     def drop(self, why: str) -> None:
         if not self.dropped:
             self.dropped = True
+            self.server.dropped += 1
             log.warning("dropping a slow client: %s", why)
             self.nursery.cancel_scope.cancel()
 
@@ -726,4 +751,5 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         print(f"sessionlog: error: the store failed while serving ({failure}); restart to recover",
               file=sys.stderr)
         return EXIT_STORE_FAILED
+    log.info("stopped: every reply finalized, the logs synced, index.json written")
     return EXIT_OK

@@ -1,0 +1,100 @@
+"""What an operator scrapes: `GET /metrics` (Prometheus text format through
+prometheus_client), and what `GET /readyz` answers.
+
+Two kinds of figures: histograms fed as things happen (a commit batch's
+append-to-durable time and size, from the event store's batch listeners),
+and everything else read from the live objects when scraped (a custom
+collector), so nothing on the hot path counts twice. One registry per
+server (no process-global state: tests run several servers in a process).
+
+`/metrics` needs no token: it holds counts and timings only, never a session
+id, a title or any content (docs/API.md, "Operating it").
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .ws import Server
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_BATCH_BUCKETS = (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000, 50000)
+
+
+class ServerMetrics(Collector):
+    """The metrics of one server and its store."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.durable = Histogram("sessionlog_append_durable_seconds",
+                                 "Time from a commit batch's first record to the batch being durable",
+                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.batch = Histogram("sessionlog_batch_records", "Records per commit batch",
+                               buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.registry.register(self)
+        server.store.es.batch_listeners.append(self._on_batch)
+
+    def _on_batch(self, records: int, opened: float, durable: float) -> None:
+        self.durable.observe(max(0.0, durable - opened))
+        self.batch.observe(records)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        server = self.server
+        store = server.store
+        es = store.es
+        st = es.statistics()
+        yield _counter("sessionlog_batches", "Commit batches made durable", st.batches)
+        yield _counter("sessionlog_records_appended", "Records made durable", st.records)
+        yield _counter("sessionlog_bytes_appended", "Bytes of records made durable", es.bytes_appended)
+        yield _counter("sessionlog_files_synced", "Session logs written per batch, summed", st.files_synced)
+        yield _counter("sessionlog_log_syncs", "Journal rounds: logs synced and segments removed", st.log_syncs)
+        yield _counter("sessionlog_saver_ticks", "Saver slot flushes", store.saver.ticks)
+        yield _counter("sessionlog_saver_late_ticks",
+                       "Saver slot flushes more than one interval late", store.saver.late_ticks)
+        yield _counter("sessionlog_dropped_clients", "Connections dropped for not taking frames", server.dropped)
+        yield _gauge("sessionlog_inflight_messages", "Messages being produced here", len(store.saver.active))
+        yield _gauge("sessionlog_subscribers", "Message subscriptions", store.hub.count())
+        yield _gauge("sessionlog_connections", "Open WebSocket connections", len(server.connections))
+        yield _gauge("sessionlog_send_queue_frames", "Frames queued to clients, all connections",
+                     sum(c.unsent for c in server.connections))
+        sessions = GaugeMetricFamily("sessionlog_sessions", "Sessions by state", labels=["state"])
+        rows = store.registry.rows
+        archived = sum(1 for m in rows.values() if m.archived)
+        quarantined = sum(1 for sid in rows if sid in es and es.corruption(sid) is not None)
+        sessions.add_metric(["active"], len(rows) - archived)
+        sessions.add_metric(["archived"], archived)
+        sessions.add_metric(["quarantined"], quarantined)
+        yield sessions
+        rec = store.recovery
+        yield _gauge("sessionlog_recovery_seconds", "How long the last start's recovery took",
+                     rec.seconds if rec is not None else 0.0)
+        yield _gauge("sessionlog_store_ok", "1 while the store accepts writes, 0 once it failed",
+                     0 if store.failure() is not None else 1)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def readiness(server: Server) -> str | None:
+    """Why the server is not ready (recovered and writable), or None."""
+    failure = server.store.failure()
+    if failure is not None:
+        return f"store failed: {failure}"
+    if server.store.shutting_down:
+        return "shutting down"
+    return None
