@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import Final
 
 from eventstore.errors import EventStoreError
 from eventstore.fsio import OS_FILES, lock_root
+
+from .logs import LOG_FORMATS, setup_logging
 
 ENV_ROOT: Final = "SESSIONLOG_ROOT"
 
@@ -233,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway "
                         "with code 4 (default 10)")
     s.add_argument("--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}")
+    s.add_argument("--log-format", choices=LOG_FORMATS, default=os.environ.get("SESSIONLOG_LOG_FORMAT", "text"),
+                   help="text (default; $SESSIONLOG_LOG_FORMAT) or json: one JSON object a line on stderr")
     s.set_defaults(func=cmd_serve)
 
     r = sub.add_parser("rebuild", help="rebuild index.json and every snapshot from the logs")
@@ -270,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "WARNING"), format="%(asctime)s %(levelname)s %(message)s")
+    setup_logging(getattr(args, "log_level", "WARNING"), getattr(args, "log_format", "text"))
     try:
         return int(args.func(args) or 0)
     except (CannotRun, EventStoreError, OSError, ValueError) as e:

@@ -28,7 +28,7 @@ from eventstore.errors import RecordTooLarge, SessionReadOnly, StoreBroken, Stor
 from eventstore.events import EVENT_ENCODER, MessageProgress
 from eventstore.record import MAX_RECORD_BYTES
 
-log = logging.getLogger("sessionlog")
+log = logging.getLogger("sessionlog.inflight")
 
 if TYPE_CHECKING:
     from eventstore.commit import EventStore

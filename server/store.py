@@ -46,7 +46,7 @@ from .projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from .subscriptions import MsgUpdate, Subscription, SubscriptionHub
 from .titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
 
-log = logging.getLogger("sessionlog")
+log = logging.getLogger("sessionlog.store")
 
 FROZEN_ERROR = "project is frozen after the first turn"
 # Snapshots written at a graceful stop (of the sessions whose messages had

@@ -21,7 +21,7 @@ from .errors import NotFound
 if TYPE_CHECKING:
     from .store import SessionStore
 
-log = logging.getLogger("sessionlog")
+log = logging.getLogger("sessionlog.titles")
 
 RETITLE_AT_TURNS: Final = (1, 6, 16, 40)
 TITLE_LEN: Final = 50

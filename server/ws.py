@@ -191,6 +191,7 @@ class Server:
     # -- connections -----------------------------------------------------------
 
     async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        remote = _peer(stream)
         try:
             got = await _read_head(stream)
             if got is None:
@@ -201,10 +202,11 @@ class Server:
             if req.path == "/ws" and upgrade:
                 why = self.check_handshake(req)
                 if why is not None:
-                    log.warning("refused a WebSocket handshake: %s", why)
+                    log.warning("refused a WebSocket handshake: %s", why, extra={"remote": remote})
                     await _http_reply(stream, "403 Forbidden", f"{why}\n".encode())
                     return
-                await self._websocket(_Replay(stream, raw))
+                log.info("WebSocket handshake accepted", extra={"remote": remote})
+                await self._websocket(_Replay(stream, raw), remote)
             elif req.path in OPS_PATHS and req.method in ("GET", "HEAD"):
                 await self._ops(stream, req)
             elif req.method == "GET":
@@ -260,11 +262,12 @@ class Server:
                           extra="Content-Security-Policy: default-src 'self'; connect-src 'self'; "
                                 "style-src 'self' 'unsafe-inline'\r\nX-Frame-Options: DENY\r\n")
 
-    async def _websocket(self, stream: trio.abc.Stream) -> None:
+    async def _websocket(self, stream: trio.abc.Stream, remote: str) -> None:
         async with trio.open_nursery() as nursery:
             request = await wrap_server_stream(nursery, stream, max_message_size=p.WS_HARD_LIMIT)
             ws = await request.accept()
             conn = Connection(self, ws, nursery)
+            conn.remote = remote
             self.connections.add(conn)
             try:
                 await conn.run()
@@ -390,6 +393,16 @@ def _error_of(e: BaseException) -> tuple[str, str]:
             return "internal", f"{type(e).__name__}: {e}"
 
 
+def _peer(stream: trio.abc.Stream) -> str:
+    """host:port of the other end of a TCP stream ("?" if it has none)."""
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("?", "")
+    except OSError:
+        return "?"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 class _Pending:
     """A subscription's update waiting in a connection's send queue."""
     __slots__ = ("key", "update", "frame")
@@ -415,6 +428,7 @@ class Connection:
         # Sessions this client loaded: it is told of their new messages (`message_created`).
         self.watching: set[str] = set()
         self.dropped = False
+        self.remote = "?"  # the client's address, for the log
         # Frames queued and not yet written to the socket. (The channel's buffer
         # alone does not say: a frame handed straight to a waiting sender task
         # is in neither.)
@@ -440,7 +454,7 @@ class Connection:
         if not self.dropped:
             self.dropped = True
             self.server.dropped += 1
-            log.warning("dropping a slow client: %s", why)
+            log.warning("dropping a slow client: %s", why, extra={"remote": self.remote})
             self.nursery.cancel_scope.cancel()
 
     def deliver(self, sub: Subscription, update: MsgUpdate, shared: bool) -> None:

@@ -91,3 +91,44 @@ async def test_readiness_turns_503_when_the_store_fails(root, nursery):
     assert r.startswith(b"HTTP/1.1 503") and b"store failed" in r
     assert (await raw_http(server.port, get("/healthz"))).startswith(b"HTTP/1.1 200"), "alive, not ready"
     assert metrics(await raw_http(server.port, get("/metrics")))["sessionlog_store_ok"] == 0
+
+
+def test_json_logs_name_their_logger_and_the_remote_and_never_the_token(root):
+    """`serve --log-format json`: one JSON object a line on stderr, each naming
+    its logger; a refused handshake carries the client's address; the token
+    is on stdout (the URL) only."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    token = "tok-never-in-logs-123"
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--root", root, "--port", "0",
+                             "--token", token, "--log-format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        while True:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else "server ended"
+            if "serving http://" in line:
+                assert token in line
+                port = int(line.split(":")[-1].split("/")[0])
+                break
+
+        async def refused() -> bytes:
+            return await raw_http(port, b"GET /ws?token=wrong HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                                        b"Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n" % port)
+        assert trio.run(refused).startswith(b"HTTP/1.1 403")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    lines = [json.loads(x) for x in err.splitlines() if x.strip()]
+    assert lines and all({"ts", "level", "logger", "message"} <= set(x) for x in lines), err
+    assert any(x["logger"] == "sessionlog.store" and x["message"].startswith("started:") for x in lines)
+    refusal = [x for x in lines if "refused a WebSocket handshake" in x["message"]]
+    assert refusal and refusal[0]["remote"].startswith("127.0.0.1:") and refusal[0]["logger"] == "sessionlog.ws"
+    assert token not in err
