@@ -114,7 +114,12 @@ def maintenance_config(args: argparse.Namespace):  # type: ignore[no-untyped-def
 def cmd_serve(args: argparse.Namespace) -> int:
     from .store import StoreConfig
     from .ws import run_server
-    return run_server(args, store_config=StoreConfig(maintenance=maintenance_config(args)))
+    return run_server(args, store_config=StoreConfig(
+        maintenance=maintenance_config(args), sync_mode=args.sync_mode,
+        journal_sync_interval=args.journal_sync_interval, progress_interval=args.progress_interval,
+        progress_slots=args.progress_slots or None, checkpoint_interval=args.checkpoint_interval,
+        snapshot_interval=args.snapshot_interval, stall_timeout=args.stall_timeout,
+        state_cache=args.state_cache))
 
 
 def cmd_maintenance(args: argparse.Namespace) -> int:
@@ -165,30 +170,53 @@ def _non_negative(text: str) -> float:
     return _number(text, low=0, high=float("inf"), what="allowed: it must not be negative (0 turns the rule off)")
 
 
-def _env_number(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        return _non_negative(text)
-    except argparse.ArgumentTypeError as e:
-        raise SystemExit(f"sessionlog: error: ${name}: {e}") from None
-
-
 def _retention(p: argparse.ArgumentParser) -> None:
     """The spec's retention rules (startup maintenance); each 0 = off."""
-    p.add_argument("--empty-shell-age", type=_non_negative, metavar="SECONDS",
-                   default=_env_number("SESSIONLOG_EMPTY_SHELL_AGE", 3600),
-                   help="remove sessions with no message older than this (default 3600, "
-                        "$SESSIONLOG_EMPTY_SHELL_AGE; 0: never)")
-    p.add_argument("--archive-ttl-days", type=_non_negative, metavar="DAYS",
-                   default=_env_number("SESSIONLOG_ARCHIVE_TTL_DAYS", 90),
-                   help="remove archived sessions not updated for this long (default 90, "
-                        "$SESSIONLOG_ARCHIVE_TTL_DAYS; 0: never)")
-    p.add_argument("--max-sessions", type=lambda t: int(_non_negative(t)), metavar="N",
-                   default=int(_env_number("SESSIONLOG_MAX_SESSIONS", 1000)),
-                   help="cap the registry, removing the oldest archived sessions first (default 1000, "
-                        "$SESSIONLOG_MAX_SESSIONS; 0: no cap)")
+    p.add_argument("--empty-shell-age", type=_non_negative, metavar="SECONDS", default=3600.0,
+                   help="remove sessions with no message older than this (0: never)")
+    p.add_argument("--archive-ttl-days", type=_non_negative, metavar="DAYS", default=90.0,
+                   help="remove archived sessions not updated for this long (0: never)")
+    p.add_argument("--max-sessions", type=_count, metavar="N", default=1000,
+                   help="cap the registry, removing the oldest archived sessions first (0: no cap)")
+
+
+def _count(text: str) -> int:
+    return int(_non_negative(text))
+
+
+class EnvError(str):
+    """A bad value in the environment for an option not given on the command
+    line: reported (exit 2) only when the command that has it runs."""
+
+
+def _env_defaults(p: argparse.ArgumentParser, secret: frozenset[str] = frozenset({"token"})) -> None:
+    """Every `--some-option` of `p` may come from `$SESSIONLOG_SOME_OPTION`
+    (checked like the flag; a flag on the command line wins), and its help says
+    so with its default (not a secret's value)."""
+    for action in p._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest == "help" or action.dest == "dry_run":
+            continue
+        name = "SESSIONLOG_" + longs[0][2:].upper().replace("-", "_")
+        text = os.environ.get(name)
+        if text is not None:
+            try:
+                items = [t for t in text.split(",") if t] if isinstance(action, argparse._AppendAction) else [text]
+                values = [action.type(t) if action.type is not None else t for t in items]  # type: ignore[operator]
+            except (argparse.ArgumentTypeError, ValueError) as e:
+                action.default = EnvError(f"${name}: {e}")
+                continue
+            bad = [v for v in values if action.choices is not None and v not in action.choices]
+            if bad:
+                action.default = EnvError(f"${name}: {bad[0]!r} is not one of {', '.join(map(str, action.choices))}")
+                continue
+            action.default = values if isinstance(action, argparse._AppendAction) else values[0]
+        shown = "(set)" if action.dest in secret and action.default else action.default
+        if isinstance(action.default, EnvError):
+            shown = "invalid"
+        elif isinstance(action, argparse._AppendAction):
+            shown = ",".join(action.default) or "none"
+        action.help = f"{action.help or ''} [${name}; default: {shown}]".strip()
 
 
 def _port(text: str) -> int:
@@ -220,22 +248,38 @@ def build_parser() -> argparse.ArgumentParser:
     root_help = f"data directory (default: ${ENV_ROOT} or {default_root()})"
 
     s = sub.add_parser("serve", help="run the WebSocket server and the web page")
-    s.add_argument("--root", default=default_root(), help=root_help)
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback)")
-    s.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
-    s.add_argument("--token", default=os.environ.get("SESSIONLOG_TOKEN"),
-                   help="access token (default: $SESSIONLOG_TOKEN, else a new random one per start)")
+    s.add_argument("--root", default=default_root(), help="data directory")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    s.add_argument("--port", type=_port, default=8765, help="port (0 picks a free one)")
+    s.add_argument("--token", default=None, help="access token (unset: a new random one per start)")
     s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                   help="an extra allowed Origin (repeatable); the server's own origin is always allowed")
-    s.add_argument("--agent-speed", type=float, default=30.0,
-                   help="demo agent tokens per second (default 30)")
+                   help="an extra allowed Origin (repeatable; comma-separated in the environment); "
+                        "the server's own origin is always allowed")
+    s.add_argument("--agent-speed", type=float, default=30.0, help="demo agent tokens per second")
     _retention(s)
     s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",
-                   help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway "
-                        "with code 4 (default 10)")
+                   help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway with code 4")
     s.add_argument("--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}")
-    s.add_argument("--log-format", choices=LOG_FORMATS, default=os.environ.get("SESSIONLOG_LOG_FORMAT", "text"),
-                   help="text (default; $SESSIONLOG_LOG_FORMAT) or json: one JSON object a line on stderr")
+    s.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text, or json: one JSON object a line on stderr")
+    # the store's tunables (server.store.StoreConfig)
+    s.add_argument("--sync-mode", choices=("journal", "auto", "syncfs", "fdatasync"), default="journal",
+                   help="how appends are made durable (README: Configuration)")
+    s.add_argument("--journal-sync-interval", type=_seconds, default=1.0, metavar="SECONDS",
+                   help="how often the logs are synced and journal segments removed")
+    s.add_argument("--progress-interval", type=_seconds, default=0.25, metavar="SECONDS",
+                   help="how often a streaming reply's progress is written")
+    s.add_argument("--progress-slots", type=_count, default=0, metavar="N",
+                   help="phases of the progress interval (0: 20 with the journal, 1 with a direct mode)")
+    s.add_argument("--checkpoint-interval", type=_seconds, default=5.0, metavar="SECONDS",
+                   help="index.json debounce")
+    s.add_argument("--snapshot-interval", type=_seconds, default=2.0, metavar="SECONDS",
+                   help="snapshot.json debounce for running sessions")
+    s.add_argument("--stall-timeout", type=_seconds, default=300.0, metavar="SECONDS",
+                   help="a running reply silent this long is aborted as stalled")
+    s.add_argument("--state-cache", type=_count, default=256, metavar="N",
+                   help="loaded sessions kept in memory besides running ones")
+    _env_defaults(s)
     s.set_defaults(func=cmd_serve)
 
     r = sub.add_parser("rebuild", help="rebuild index.json and every snapshot from the logs")
@@ -257,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--root", default=default_root(), help=root_help)
     m.add_argument("--dry-run", action="store_true", help="print what would be removed; change nothing")
     _retention(m)
+    _env_defaults(m)
     m.set_defaults(func=cmd_maintenance)
 
     f = sub.add_parser("repair", help="cut a quarantined session's log (or the project log: `repair projects`) "
@@ -272,7 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    bad = [v for v in vars(args).values() if isinstance(v, EnvError)]
+    if bad:
+        parser.error(bad[0])
     setup_logging(getattr(args, "log_level", "WARNING"), getattr(args, "log_format", "text"))
     try:
         return int(args.func(args) or 0)

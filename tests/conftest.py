@@ -23,7 +23,12 @@ def child(code: str, *args: str) -> subprocess.Popen[str]:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return run_cli_env({}, *args)
+
+
+def run_cli_env(extra: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`sessionlog ARGS` in a subprocess, with `extra` in its environment."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
     return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 

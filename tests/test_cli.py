@@ -1,13 +1,14 @@
 """`sessionlog rebuild / verify / inspect / repair`: what they print, and one-line errors."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 
 import pytest
 
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_env
 
 
 @pytest.fixture
@@ -148,3 +149,37 @@ def test_a_session_named_projects_is_repaired_as_a_session(tmp_path):
     assert r.returncode == 0 and "no project log" in r.stdout
     r = run_cli("repair", "--root", root)
     assert r.returncode == 3 and "--project-log" in r.stderr
+
+
+def test_every_serve_flag_comes_from_the_environment_too(monkeypatch):
+    """Issue 15 item 4: each `serve` option has a $SESSIONLOG_* twin, checked as
+    the flag is; `--help` lists each with its variable and default (never the
+    token's value); a flag on the command line wins."""
+    from server.cli import build_parser
+    parser = build_parser()
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    text = serve.format_help()
+    for action in serve._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest != "help":
+            name = "$SESSIONLOG_" + longs[0][2:].upper().replace("-", "_")
+            assert name in text, f"{longs[0]} has no environment variable in --help"
+    monkeypatch.setenv("SESSIONLOG_STATE_CACHE", "7")
+    monkeypatch.setenv("SESSIONLOG_SYNC_MODE", "auto")
+    monkeypatch.setenv("SESSIONLOG_TOKEN", "s3cret-value")
+    monkeypatch.setenv("SESSIONLOG_ALLOW_ORIGIN", "https://a.example,https://b.example")
+    parser = build_parser()
+    args = parser.parse_args(["serve"])
+    assert (args.state_cache, args.sync_mode, args.token) == (7, "auto", "s3cret-value")
+    assert args.allow_origin == ["https://a.example", "https://b.example"]
+    assert parser.parse_args(["serve", "--state-cache", "9"]).state_cache == 9
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    assert "s3cret-value" not in serve.format_help()
+
+
+def test_a_bad_environment_value_is_a_usage_error_naming_the_variable(root):
+    import os
+    env_bad = {"SESSIONLOG_PROGRESS_INTERVAL": "-1"}
+    r = run_cli_env(env_bad, "serve", "--root", root, "--port", "0")
+    assert r.returncode == 2 and "$SESSIONLOG_PROGRESS_INTERVAL" in r.stderr
+    assert not os.path.exists(root), "nothing was created"
