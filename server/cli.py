@@ -112,6 +112,7 @@ def maintenance_config(args: argparse.Namespace):  # type: ignore[no-untyped-def
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    args.forwarded_allow_ips = [ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()]
     from .store import StoreConfig
     from .ws import run_server
     return run_server(args, store_config=StoreConfig(
@@ -255,6 +256,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="an extra allowed Origin (repeatable; comma-separated in the environment); "
                         "the server's own origin is always allowed")
+    s.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="an extra Host the page and /ws answer (repeatable; a LAN name or address, a proxied "
+                        "name); loopback names on the bound port are always allowed")
+    s.add_argument("--public-url", default=None, metavar="URL",
+                   help="the URL users open (https://chat.example.com/chat): its host and origin are allowed and "
+                        "its path is the root path")
+    s.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="IP",
+                   help="peers whose X-Forwarded-For/-Proto/-Host are believed (repeatable, or comma-separated; "
+                        "* for any, as uvicorn's)")
+    s.add_argument("--root-path", default="", metavar="/PREFIX",
+                   help="a path prefix the server is reached under (requests with or without it are served)")
+    s.add_argument("--ws-ping-interval", type=_non_negative, default=20.0, metavar="SECONDS",
+                   help="WebSocket keepalive ping period; no pong within as long drops the client (0: off)")
     s.add_argument("--agent-speed", type=float, default=30.0, help="demo agent tokens per second")
     _retention(s)
     s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",

@@ -13,6 +13,7 @@ running message with the content it already has, and patch on each
 from __future__ import annotations
 
 import itertools
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -111,9 +112,14 @@ class Client:
 
 
 @asynccontextmanager
-async def open_client(host: str, port: int, token: str, *, origin: str | None = None) -> AsyncIterator[Client]:
+async def open_client(host: str, port: int, token: str, *, origin: str | None = None,
+                      ssl_context: ssl.SSLContext | None = None, root_path: str = "") -> AsyncIterator[Client]:
+    """A client of `host:port` (`ssl_context`: over TLS, wss://; `root_path`:
+    the server is reached under that prefix, e.g. behind a proxy)."""
     headers = [("Origin", origin)] if origin else None
-    async with open_websocket(host, port, f"/ws?token={token}", use_ssl=False, extra_headers=headers) as ws:
+    async with open_websocket(host, port, f"{root_path.rstrip('/')}/ws?token={token}",
+                              use_ssl=ssl_context if ssl_context is not None else False,
+                              extra_headers=headers) as ws:
         client = Client(ws)
         async with trio.open_nursery() as n:
             n.start_soon(client._reader)

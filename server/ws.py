@@ -69,6 +69,32 @@ class ServerConfig:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     allowed_origins: tuple[str, ...] = ()
     send_timeout: float = SEND_TIMEOUT
+    # Beyond loopback (README: Deploying it). Extra Host values the page and
+    # /ws answer ("name" or "name:port"):
+    allowed_hosts: tuple[str, ...] = ()
+    # The URL users open (e.g. https://chat.example.com/chat): its host is
+    # allowed, its origin too, and its path is the root path unless one is given.
+    public_url: str | None = None
+    # Peers (IPs, or "*") whose X-Forwarded-For/-Proto/-Host are believed.
+    forwarded_allow_ips: tuple[str, ...] = ()
+    # A path prefix the server is reached under ("/chat"); requests with or
+    # without it are served (a proxy may or may not strip it).
+    root_path: str = ""
+    # WebSocket keepalive: a ping this often; no pong within the timeout drops
+    # the connection (a dead peer behind a NAT or proxy). 0: off.
+    ping_interval: float = 20.0
+    ping_timeout: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.public_url is not None:
+            u = urlsplit(self.public_url)
+            if u.scheme not in ("http", "https") or not u.netloc:
+                raise ValueError(f"--public-url {self.public_url!r} is not an http(s) URL")
+            if not self.root_path:
+                self.root_path = u.path.rstrip("/")
+        self.root_path = self.root_path.rstrip("/")
+        if self.root_path and not self.root_path.startswith("/"):
+            raise ValueError(f"--root-path {self.root_path!r} must start with /")
 
 
 class _Replay(trio.abc.Stream):
@@ -171,10 +197,43 @@ class Server:
         names = {"127.0.0.1", "localhost", "[::1]"}
         if self.config.host not in ("0.0.0.0", "::", ""):
             names.add(self.config.host if ":" not in self.config.host else f"[{self.config.host}]")
-        return {f"{n}:{self.port}" for n in names} | ({*names} if self.port == 80 else set())
+        hosts = {f"{n}:{self.port}" for n in names} | ({*names} if self.port == 80 else set())
+        hosts |= set(self.config.allowed_hosts)
+        if self.config.public_url is not None:
+            hosts.add(urlsplit(self.config.public_url).netloc)
+        return hosts
 
     def allowed_origins(self) -> set[str]:
-        return {f"http://{h}" for h in self.allowed_hosts()} | set(self.config.allowed_origins)
+        """The page's own origins (any allowed host, http or https: the Host was
+        checked, and a TLS proxy makes the browser's origin https) and extras."""
+        own = {f"{scheme}://{h}" for h in self.allowed_hosts() for scheme in ("http", "https")}
+        if self.config.public_url is not None:
+            u = urlsplit(self.config.public_url)
+            own.add(f"{u.scheme}://{u.netloc}")
+        return own | set(self.config.allowed_origins)
+
+    def _trusted(self, peer_ip: str) -> bool:
+        allow = self.config.forwarded_allow_ips
+        return "*" in allow or peer_ip in allow
+
+    def localize(self, req: _Request, peer_ip: str) -> tuple[_Request, str | None]:
+        """The request as this server sees it: the root path taken off its path,
+        and, from a trusted proxy, X-Forwarded-Host as its Host. Also the client's
+        address from X-Forwarded-For (trusted proxies only), else None."""
+        headers = req.headers
+        remote = None
+        if self.config.forwarded_allow_ips and self._trusted(peer_ip):
+            fwd_host = headers.get("x-forwarded-host")
+            if fwd_host:
+                headers = {**headers, "host": fwd_host.split(",")[0].strip()}
+            fwd_for = headers.get("x-forwarded-for")
+            if fwd_for:
+                remote = fwd_for.split(",")[0].strip()
+        target = req.target
+        root = self.config.root_path
+        if root and (target == root or target.startswith(root + "/") or target.startswith(root + "?")):
+            target = target[len(root):] or "/"
+        return _Request(req.method, target, headers), remote
 
     def check_handshake(self, req: _Request) -> str | None:
         """Why this upgrade is refused, or None."""
@@ -198,6 +257,16 @@ class Server:
                 await _http_reply(stream, "400 Bad Request", b"bad request\n")
                 return
             req, raw = got
+            root = self.config.root_path
+            if root and urlsplit(req.target).path == root and req.method == "GET":
+                # relative URLs in the page need the slash
+                query = urlsplit(req.target).query
+                await _http_reply(stream, "301 Moved Permanently", b"", extra=f"Location: {root}/"
+                                  + (f"?{query}" if query else "") + "\r\n")
+                return
+            req, forwarded_for = self.localize(req, remote.rsplit(":", 1)[0].strip("[]"))
+            if forwarded_for is not None:
+                remote = f"{forwarded_for} (via {remote})"
             upgrade = req.headers.get("upgrade", "").lower() == "websocket"
             if req.path == "/ws" and upgrade:
                 why = self.check_handshake(req)
@@ -476,6 +545,19 @@ class Connection:
             self._pending[key] = pend
             self.send_nowait(pend)
 
+    async def _keepalive(self) -> None:
+        cfg = self.server.config
+        while True:
+            await trio.sleep(cfg.ping_interval)
+            with trio.move_on_after(cfg.ping_timeout):
+                try:
+                    await self.ws.ping()
+                except ConnectionClosed:
+                    return
+                continue
+            self.drop(f"no pong within {cfg.ping_timeout:g} s")
+            return
+
     async def _sender(self) -> None:
         async for item in self._recv:
             if type(item) is _Pending:
@@ -498,6 +580,8 @@ class Connection:
 
     async def run(self) -> None:
         self.nursery.start_soon(self._sender)
+        if self.server.config.ping_interval > 0:
+            self.nursery.start_soon(self._keepalive)
         while True:
             try:
                 frame = await self.ws.get_message()
@@ -698,7 +782,17 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
     that does not answer), or a second signal, finalizes what it can and
     exits with EXIT_STOP_TIMEOUT; it never hangs. Startup failures print one
     line and exit with EXIT_STARTUP."""
-    config = ServerConfig(host=args.host, port=args.port, allowed_origins=tuple(args.allow_origin))
+    try:
+        config = ServerConfig(host=args.host, port=args.port, allowed_origins=tuple(args.allow_origin),
+                              allowed_hosts=tuple(getattr(args, "allowed_host", ())),
+                              public_url=getattr(args, "public_url", None),
+                              forwarded_allow_ips=tuple(getattr(args, "forwarded_allow_ips", ())),
+                              root_path=getattr(args, "root_path", "") or "",
+                              ping_interval=getattr(args, "ws_ping_interval", 20.0),
+                              ping_timeout=getattr(args, "ws_ping_interval", 20.0))
+    except ValueError as e:
+        print(f"sessionlog: error: {e}", file=sys.stderr)
+        return EXIT_STARTUP
     if args.token:
         config.token = args.token
     root = os.path.abspath(args.root)

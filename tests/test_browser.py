@@ -46,19 +46,20 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    def __init__(self, root: str, port: int, speed: float = 25.0) -> None:
-        self.root, self.port, self.speed = root, port, speed
+    def __init__(self, root: str, port: int, speed: float = 25.0, extra: tuple[str, ...] = (),
+                 prefix: str = "") -> None:
+        self.root, self.port, self.speed, self.extra, self.prefix = root, port, speed, extra, prefix
         self.proc: subprocess.Popen[str] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/?token={TOKEN}"
+        return f"http://127.0.0.1:{self.port}{self.prefix}/?token={TOKEN}"
 
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server.cli", "serve", "--root", self.root, "--port", str(self.port),
-             "--token", TOKEN, "--agent-speed", str(self.speed)],
+             "--token", TOKEN, "--agent-speed", str(self.speed), *self.extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
@@ -294,3 +295,26 @@ def test_a_reconnecting_page_asks_only_for_what_it_missed(serve, browser):
     shown = page.evaluate("[...window.sessionlog.sessions.keys()]")
     assert sorted(shown) == sorted(fresh)
     assert not page.errors
+
+
+def test_the_page_works_under_a_path_prefix(tmp_path, browser):
+    """Issue 15 item 2: with --root-path the page finds its files and its
+    socket under the prefix (no hard-coded /static or /ws)."""
+    s = ServeProcess(str(tmp_path / "store"), free_port(), speed=200.0, extra=("--root-path", "/chat"),
+                     prefix="/chat")
+    s.start()
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 800}, bypass_csp=True)
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url))
+        page.on("websocket", lambda w: asked.append(w.url))
+        page.goto(s.url)
+        page.wait_for_selector(".conn.online")
+        page.fill("#input", "Hello from under a prefix")
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+        paths = {u.split(str(s.port), 1)[1].split("?")[0] for u in asked}
+        assert paths and all(p.startswith("/chat/") for p in paths), paths
+        assert "/chat/ws" in paths and "/chat/static/app.js" in paths
+    finally:
+        s.stop()

@@ -25,7 +25,12 @@ window.sessionlog = state;    // for tests and the curious
 // -- the socket --------------------------------------------------------------
 
 function connect() {
-  const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws?token=${encodeURIComponent(TOKEN)}`);
+  // Relative to the page, so that it works under any path prefix (--root-path).
+  const url = new URL("ws", location.href);
+  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  url.search = `?token=${encodeURIComponent(TOKEN)}`;
+  url.hash = "";
+  const ws = new WebSocket(url.href);
   state.ws = ws;
   ws.onopen = () => { state.online = true; state.backoff = 250; showConn(); rejoinAll(); };
   ws.onmessage = (ev) => onFrame(JSON.parse(ev.data));
