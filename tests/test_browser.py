@@ -318,3 +318,93 @@ def test_the_page_works_under_a_path_prefix(tmp_path, browser):
         assert "/chat/ws" in paths and "/chat/static/app.js" in paths
     finally:
         s.stop()
+
+
+NGINX = os.environ.get("SESSIONLOG_NGINX", "/usr/sbin/nginx")
+
+NGINX_CONF = """daemon off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log;
+events {{ worker_connections 128; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
+  map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
+  server {{
+    listen 127.0.0.1:{port} ssl;
+    ssl_certificate {d}/cert.pem;
+    ssl_certificate_key {d}/key.pem;
+    location /chat/ {{
+      proxy_pass http://127.0.0.1:{backend};
+      proxy_http_version 1.1;
+      proxy_set_header Upgrade $http_upgrade;
+      proxy_set_header Connection $connection_upgrade;
+      proxy_set_header X-Forwarded-Host $http_host;
+      proxy_set_header X-Forwarded-Proto $scheme;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_read_timeout 3600s;
+    }}
+  }}
+}}
+"""
+
+
+def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
+    """Issue 15 item 2: Debian's nginx in front (TLS with a self-signed
+    certificate, the sub-path /chat/, the WebSocket upgrade); the page in
+    Chromium and the Python client over wss:// both work through it."""
+    if not os.path.exists(NGINX):
+        if os.environ.get("CI"):
+            raise RuntimeError(f"CI needs nginx at {NGINX} (.ci/run installs Debian's nginx)")
+        pytest.skip(f"no nginx at {NGINX}: install Debian's `nginx` to run this test")
+    d = tmp_path / "nginx"
+    (d / "tmp").mkdir(parents=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
+                    "-out", str(d / "cert.pem"), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    port, backend = free_port(), free_port()
+    (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port, backend=backend))
+    s = ServeProcess(str(tmp_path / "store"), backend, speed=200.0,
+                     extra=("--public-url", f"https://localhost:{port}/chat", "--forwarded-allow-ips", "127.0.0.1"))
+    s.start()
+    proxy = subprocess.Popen([NGINX, "-p", str(d), "-c", str(d / "nginx.conf"), "-e", str(d / "error.log")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # nginx is up once it accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proxy.poll() is None, proxy.stderr.read() if proxy.stderr else "nginx ended"
+                assert time.monotonic() < deadline, "nginx did not start"
+                time.sleep(0.05)
+        ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 800})
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"https://localhost:{port}/chat/?token={TOKEN}")
+        page.wait_for_selector(".conn.online")
+        page.fill("#input", "Hello through nginx")
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+        assert not errors
+        ctx.close()
+
+        import ssl
+
+        import trio
+
+        from server.client import open_client
+        tls = ssl.create_default_context(cafile=str(d / "cert.pem"))
+
+        async def over_wss() -> int:
+            async with open_client("localhost", port, TOKEN, ssl_context=tls, root_path="/chat") as c:
+                return len((await c.request("list_sessions"))["rows"])
+        assert trio.run(over_wss) == 1
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        s.stop()
