@@ -270,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ws-ping-interval", type=_non_negative, default=20.0, metavar="SECONDS",
                    help="WebSocket keepalive ping period; no pong within as long drops the client (0: off)")
     s.add_argument("--agent-speed", type=float, default=30.0, help="demo agent tokens per second")
+    s.add_argument("--agent", action="append", default=[], metavar="NAME=module:factory",
+                   help="the agent that answers sessions whose agent_id is NAME (repeatable; `default` replaces the "
+                        "demo agent), e.g. gpt=server.openai_agent:from_env")
     _retention(s)
     s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",
                    help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway with code 4")

@@ -21,7 +21,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
@@ -179,10 +179,12 @@ async def _http_reply(stream: trio.abc.Stream, status: str, body: bytes, ctype: 
 class Server:
     """The WebSocket/HTTP front of one store."""
 
-    def __init__(self, store: SessionStore, config: ServerConfig, agent: Agent) -> None:
+    def __init__(self, store: SessionStore, config: ServerConfig, agent: Agent,
+                 agents: dict[str, Agent] | None = None) -> None:
         self.store = store
         self.config = config
-        self.agent = agent
+        self.agent = agent  # answers sessions whose agent_id has no agent of its own
+        self.agents = dict(agents or {})
         self.port = config.port
         self.connections: set[Connection] = set()
         self.dropped = 0  # connections dropped for not taking their frames
@@ -400,7 +402,8 @@ class Server:
                 started = True
                 state = await self.store.load_session(session_id)
                 history = [m for m in state.branch() if m.caller is None and m.msg_id != reply.msg_id]
-                await self.agent.respond(self.store, session_id, history, reply)
+                agent_id = state.meta.agent_id if state.meta is not None else "default"
+                await self.agents.get(agent_id, self.agent).respond(self.store, session_id, history, reply)
         except (NotFound, EventStoreError) as e:  # deleted meanwhile, or the store failed
             if not started:
                 raise  # the requester gets the real error (read_only, store_broken...)
@@ -747,11 +750,12 @@ class Connection:
 
 
 async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = None,
+                      agents: dict[str, Agent] | None = None,
                       store_config: StoreConfig | None = None,
                       on_ready: Callable[[Server], None] | None = None, fs: FileOps = OS_FILES) -> None:
     """Open the store (recovering first), serve until cancelled, shut down gracefully."""
     async with open_session_store(root, config=store_config, fs=fs) as store:
-        server = Server(store, config, agent or DemoAgent())
+        server = Server(store, config, agent or DemoAgent(), agents)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
             tune_gc()
@@ -772,6 +776,20 @@ def _leaf_errors(e: BaseException) -> list[BaseException]:
     if isinstance(e, BaseExceptionGroup):
         return [leaf for sub in e.exceptions for leaf in _leaf_errors(sub)]
     return [e]
+
+
+def load_agents(specs: Sequence[str]) -> dict[str, Agent]:
+    """`NAME=module:factory` each: the factory (called with no argument) makes
+    the agent that answers sessions whose `agent_id` is NAME."""
+    import importlib
+    out: dict[str, Agent] = {}
+    for spec in specs:
+        name, sep, target = spec.partition("=")
+        module, sep2, attr = target.partition(":")
+        if not (sep and sep2 and name and module and attr):
+            raise ValueError(f"{spec!r} is not NAME=module:factory")
+        out[name] = getattr(importlib.import_module(module), attr)()
+    return out
 
 
 def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConfig | None = None) -> int:
@@ -797,6 +815,11 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         config.token = args.token
     root = os.path.abspath(args.root)
     grace = float(getattr(args, "stop_grace", STOP_GRACE))
+    try:
+        agents = load_agents(getattr(args, "agent", ()))
+    except (ValueError, ImportError, AttributeError) as e:
+        print(f"sessionlog: error: --agent: {e}", file=sys.stderr)
+        return EXIT_STARTUP
     started: list[Server] = []
 
     def ready(server: Server) -> None:
@@ -842,7 +865,8 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
                 serving.cancel()
             nursery.start_soon(on_signal)
             with serving:
-                await serve_store(root, config, agent=agent or DemoAgent(speed=args.agent_speed),
+                await serve_store(root, config, agent=agent or agents.pop("default", None)
+                                  or DemoAgent(speed=args.agent_speed), agents=agents,
                                   store_config=store_config, on_ready=ready)
             nursery.cancel_scope.cancel()
     try:

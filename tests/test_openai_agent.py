@@ -1,0 +1,104 @@
+"""The OpenAI-compatible agent (issue 15 item 5) against a local HTTP server
+that streams Server-Sent Events exactly as the chat-completions API documents
+them (content deltas, tool-call deltas, a final usage chunk, `[DONE]`),
+routed by the session's agent_id, through a real server and socket."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from server.agent import DemoAgent
+from server.store import StoreConfig
+from server.ws import Server, ServerConfig, load_agents, serve_store
+
+from .test_ws import TOKEN
+
+openai = pytest.importorskip("openai", reason="the `openai` extra is not installed")
+
+BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+
+def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> bytes:
+    body = dict(BASE, choices=[] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}])
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+STREAM = [
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"content": "Hello"}),
+    chunk({"content": " world"}),
+    chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                           "function": {"name": "search", "arguments": ""}}]}),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"q\":"}}]}),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "\"durable\"}"}}]}),
+    chunk({}, finish="tool_calls"),
+    chunk(None, usage={"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}),
+    b"data: [DONE]\n\n",
+]
+
+
+async def fake_openai(nursery: trio.Nursery, requests: list[dict]) -> int:
+    async def handle(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        while len(body) < length:
+            body += await stream.receive_some(65536)
+        requests.append({"path": head.split(b" ")[1].decode(), **json.loads(body)})
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                              b"Connection: close\r\n\r\n")
+        for part in STREAM:
+            await stream.send_all(part)
+            await trio.sleep(0.01)
+        await stream.aclose()
+    listeners = await nursery.start(trio.serve_tcp, handle, 0)
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def test_an_openai_compatible_stream_becomes_a_reply_a_tool_call_and_token_counts(root, nursery):
+    from server.openai_agent import OpenAIAgent
+    requests: list[dict] = []
+    port = await fake_openai(nursery, requests)
+    ready = trio.Event()
+    holder: dict[str, Server] = {}
+
+    def on_ready(s: Server) -> None:
+        holder["s"] = s
+        ready.set()
+    agents = {"gpt": OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")}
+    nursery.start_soon(lambda: serve_store(root, ServerConfig(port=0, token=TOKEN), agent=DemoAgent(speed=0),
+                                           agents=agents, store_config=StoreConfig(), on_ready=on_ready))
+    await ready.wait()
+    server = holder["s"]
+    from server.client import open_client
+    async with open_client("127.0.0.1", server.port, TOKEN) as c:
+        ack = await c.request("chat", content="what is durable?", agent_id="gpt")
+        sid, rid = ack["session_id"], ack["reply_id"]
+        await c.follow(sid)
+        with trio.fail_after(20):
+            assert await c.wait_done(sid, rid) == "done"
+    state = await server.store.load_session(sid)
+    reply = state.messages[rid]
+    assert reply.content == "Hello world" and reply.tokens == {"input": 12, "output": 7}
+    (call,) = [m for m in state.messages.values() if m.caller == rid]
+    assert (call.kind, call.role, call.status, call.content) == ("tool_call", "tool", "done", '{"q":"durable"}')
+    assert call.metadata["tool"] == "search" and call.metadata["tool_call_id"] == "call_1"
+    (req,) = requests
+    assert req["path"] == "/v1/chat/completions" and req["model"] == "m" and req["stream"] is True
+    assert req["messages"][-1] == {"role": "user", "content": "what is durable?"}
+    assert req["stream_options"] == {"include_usage": True}
+
+
+def test_agents_are_loaded_by_flag_and_bad_specs_say_why():
+    agents = load_agents(["demo2=server.agent:DemoAgent"])
+    assert isinstance(agents["demo2"], DemoAgent)
+    for bad in ("nofactory", "x=server.agent", "x=no.such.module:f"):
+        with pytest.raises((ValueError, ImportError)):
+            load_agents([bad])
