@@ -31,7 +31,7 @@ class BaseEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omi
     """Base of every event in a log."""
 
 
-class SessionCreated(BaseEvent, tag="session_created"):
+class SessionCreated(BaseEvent, tag="session_created", frozen=True):
     session_id: str
     agent_id: str = "default"
     source: str = "web"
@@ -42,7 +42,7 @@ class SessionCreated(BaseEvent, tag="session_created"):
     user_titled: bool = False
 
 
-class MessageCreated(BaseEvent, tag="message_created"):
+class MessageCreated(BaseEvent, tag="message_created", frozen=True):
     """A message, or the placeholder of in-flight work, is born.
 
     `caller` set means a non-conversational node (a tool call under a reply, a
@@ -68,7 +68,7 @@ _PROGRESS_NAMES: Final = {"msg_id": "m", "content_delta": "d", "offset": "o", "c
                           "partial_tokens_used": "u"}
 
 
-class MessageProgress(BaseEvent, tag="p", rename=_PROGRESS_NAMES):
+class MessageProgress(BaseEvent, tag="p", frozen=True, rename=_PROGRESS_NAMES):
     """One throttle interval's worth of a running message: the content delta and
     the character offset where it starts, the latest tree and token counts."""
     msg_id: str
@@ -78,7 +78,7 @@ class MessageProgress(BaseEvent, tag="p", rename=_PROGRESS_NAMES):
     partial_tokens_used: dict[str, int] | None = None
 
 
-class MessageProgressV1(BaseEvent, tag="message_progress"):
+class MessageProgressV1(BaseEvent, tag="message_progress", frozen=True):
     """The long spelling of MessageProgress in older logs (read only; decoding
     turns it into a MessageProgress)."""
     msg_id: str
@@ -92,7 +92,7 @@ class MessageProgressV1(BaseEvent, tag="message_progress"):
                                context_tree=self.context_tree, partial_tokens_used=self.partial_tokens_used)
 
 
-class MessageFinalized(BaseEvent, tag="message_finalized"):
+class MessageFinalized(BaseEvent, tag="message_finalized", frozen=True):
     """The terminal state. `content` is the whole final content when given;
     None keeps what the progress records assembled."""
     msg_id: str
@@ -103,7 +103,7 @@ class MessageFinalized(BaseEvent, tag="message_finalized"):
     tokens: dict[str, int] | None = None
 
 
-class SessionRenamed(BaseEvent, tag="session_renamed"):
+class SessionRenamed(BaseEvent, tag="session_renamed", frozen=True):
     """A title change. The flags are the spec's title lock markers; None leaves
     a flag as it was."""
     title: str
@@ -112,7 +112,7 @@ class SessionRenamed(BaseEvent, tag="session_renamed"):
     title_gen_count: int | None = None
 
 
-class SessionFlags(BaseEvent, tag="session_flags"):
+class SessionFlags(BaseEvent, tag="session_flags", frozen=True):
     """pinned / unread / archived / status; None leaves a flag as it was."""
     pinned: bool | None = None
     unread: bool | None = None
@@ -120,11 +120,11 @@ class SessionFlags(BaseEvent, tag="session_flags"):
     status: SessionStatus | None = None
 
 
-class ProjectBound(BaseEvent, tag="project_bound"):
+class ProjectBound(BaseEvent, tag="project_bound", frozen=True):
     project_id: str
 
 
-class ProjectRelocated(BaseEvent, tag="project_relocated"):
+class ProjectRelocated(BaseEvent, tag="project_relocated", frozen=True):
     """A graph node recording that the bound project's folder moved; it never
     moves head."""
     node_id: str
@@ -133,25 +133,25 @@ class ProjectRelocated(BaseEvent, tag="project_relocated"):
     path: str
 
 
-class HeadMoved(BaseEvent, tag="head_moved"):
+class HeadMoved(BaseEvent, tag="head_moved", frozen=True):
     """The user switched branches: `head` is the new tip of the current branch
     (the leaf a client sees last; see SessionState.leaf_of)."""
     head: str
 
 
-class SessionDeleted(BaseEvent, tag="session_deleted"):
+class SessionDeleted(BaseEvent, tag="session_deleted", frozen=True):
     """A tombstone: the directory is removed after it is durable; a start that
     finds one finishes the deletion."""
 
 
 # Events of the project registry's own log (projects/log.jsonl).
-class ProjectCreated(BaseEvent, tag="project_created"):
+class ProjectCreated(BaseEvent, tag="project_created", frozen=True):
     project_id: str
     name: str
     path: str
 
 
-class ProjectMoved(BaseEvent, tag="project_moved"):
+class ProjectMoved(BaseEvent, tag="project_moved", frozen=True):
     project_id: str
     old_path: str
     path: str

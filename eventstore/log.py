@@ -167,7 +167,8 @@ def session_folders(fs: FileOps, root: str) -> tuple[list[str], list[str]]:
     A folder without a log is an orphan: what a deletion or an interrupted
     creation left, or a copy kept by `repair`."""
     base = os.path.join(root, SESSIONS_DIR)
-    with_log, without = [], []
+    with_log: list[str] = []
+    without: list[str] = []
     for name in sorted(fs.listdir(base)):
         if is_valid_session_id(name):
             (with_log if fs.exists(os.path.join(base, name, LOG_NAME)) else without).append(name)

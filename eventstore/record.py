@@ -126,9 +126,9 @@ class _ProgressStubV1(msgspec.Struct, frozen=True, tag_field="type", tag="messag
 
 _RAWS: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _ENVELOPES: Final = msgspec.json.Decoder(list[_Envelope])
-_EVENTS: Final = msgspec.json.Decoder(list[Event])  # type: ignore[valid-type]
+_EVENTS: Final = msgspec.json.Decoder(list[Event])
 _META_EVENTS: Final = msgspec.json.Decoder(
-    list[SessionCreated | MessageCreated | _ProgressStub | _ProgressStubV1 | MessageFinalized  # type: ignore[valid-type]
+    list[SessionCreated | MessageCreated | _ProgressStub | _ProgressStubV1 | MessageFinalized
          | SessionRenamed | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | SessionDeleted
          | ProjectCreated | ProjectMoved])
 
@@ -158,7 +158,7 @@ def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record]
         events = (_META_EVENTS if meta_only else _EVENTS).decode(joined)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    out = [Record(e.seq, e.ts, ev) for e, ev in zip(envs, events)]
+    out = [Record(e.seq, e.ts, ev) for e, ev in zip(envs, events)]  # type: ignore[arg-type]  # stubs replaced below
     for i, r in enumerate(out):
         t = type(r.event)
         if t is _ProgressStub or t is _ProgressStubV1:

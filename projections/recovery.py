@@ -304,7 +304,7 @@ def fold_until(records: list[Record], data: bytes, seq: int, *, base: int = 0) -
     return state
 
 
-def _with_ends(records, data: bytes, base: int):  # type: ignore[no-untyped-def]
+def _with_ends(records, data: bytes, base: int):
     """Pair each record with the offset just past its line."""
     pos = 0
     for rec in records:

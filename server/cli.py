@@ -28,7 +28,7 @@ def default_root() -> str:
     return os.path.join(base, "sessionlog")
 
 
-def _progress(label: str):  # type: ignore[no-untyped-def]
+def _progress(label: str):
     step = [0]
 
     def report(done: int, total: int) -> None:
@@ -105,7 +105,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def maintenance_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def maintenance_config(args: argparse.Namespace):
     from projections.maintenance import DAY, MaintenanceConfig
     return MaintenanceConfig(empty_shell_age=args.empty_shell_age, archive_ttl=args.archive_ttl_days * DAY,
                              max_sessions=args.max_sessions)
@@ -209,7 +209,8 @@ def _env_defaults(p: argparse.ArgumentParser, secret: frozenset[str] = frozenset
                 continue
             bad = [v for v in values if action.choices is not None and v not in action.choices]
             if bad:
-                action.default = EnvError(f"${name}: {bad[0]!r} is not one of {', '.join(map(str, action.choices))}")
+                action.default = EnvError(f"${name}: {bad[0]!r} is not one of "
+                                          f"{', '.join(map(str, action.choices or ()))}")
                 continue
             action.default = values if isinstance(action, argparse._AppendAction) else values[0]
         shown = "(set)" if action.dest in secret and action.default else action.default

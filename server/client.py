@@ -78,7 +78,7 @@ class Client:
             frame = await recv.receive()
         if frame["type"] == "error":
             raise ServerError(frame["data"])
-        return frame["data"]  # type: ignore[no-any-return]
+        return frame["data"]
 
     async def follow(self, session_id: str) -> dict[str, Any]:
         """Load a session and subscribe to each running message with what we have."""
@@ -116,7 +116,7 @@ async def open_client(host: str, port: int, token: str, *, origin: str | None = 
                       ssl_context: ssl.SSLContext | None = None, root_path: str = "") -> AsyncIterator[Client]:
     """A client of `host:port` (`ssl_context`: over TLS, wss://; `root_path`:
     the server is reached under that prefix, e.g. behind a proxy)."""
-    headers = [("Origin", origin)] if origin else None
+    headers = [(b"Origin", origin.encode())] if origin else None
     async with open_websocket(host, port, f"{root_path.rstrip('/')}/ws?token={token}",
                               use_ssl=ssl_context if ssl_context is not None else False,
                               extra_headers=headers) as ws:

@@ -27,7 +27,7 @@ class Action(msgspec.Struct, frozen=True, kw_only=True, tag_field="action", forb
     request_id: RequestId = None
 
 
-class ListSessions(Action, tag="list_sessions", kw_only=True):
+class ListSessions(Action, tag="list_sessions", kw_only=True, frozen=True):
     filters: dict[Short, Scalar] | None = None
     include_archived: bool = False
     archived: bool | None = None
@@ -38,29 +38,29 @@ class ListSessions(Action, tag="list_sessions", kw_only=True):
     since: Short | None = None
 
 
-class CreateSession(Action, tag="create_session", kw_only=True):
+class CreateSession(Action, tag="create_session", kw_only=True, frozen=True):
     agent_id: Short = "default"
     project_id: Short | None = None
     source: Short = "web"
     title: Short = ""
 
 
-class LoadSession(Action, tag="load_session", kw_only=True):
+class LoadSession(Action, tag="load_session", kw_only=True, frozen=True):
     session_id: Sid
     # Read the branch through this message (to its tip) without switching to it.
     msg_id: Sid | None = None
 
 
-class SwitchBranch(Action, tag="switch_branch", kw_only=True):
+class SwitchBranch(Action, tag="switch_branch", kw_only=True, frozen=True):
     session_id: Sid
     msg_id: Sid
 
 
-class ListRunning(Action, tag="list_running", kw_only=True):
+class ListRunning(Action, tag="list_running", kw_only=True, frozen=True):
     pass
 
 
-class Chat(Action, tag="chat", kw_only=True):
+class Chat(Action, tag="chat", kw_only=True, frozen=True):
     session_id: Sid | None = None
     content: str
     project_id: Short | None = None
@@ -70,68 +70,68 @@ class Chat(Action, tag="chat", kw_only=True):
     source: Short | None = None
 
 
-class SubscribeMsg(Action, tag="subscribe_msg", kw_only=True):
+class SubscribeMsg(Action, tag="subscribe_msg", kw_only=True, frozen=True):
     session_id: Sid
     msg_id: Sid
     after_seq: Count | None = None
     offset: Count | None = None
 
 
-class UnsubscribeMsg(Action, tag="unsubscribe_msg", kw_only=True):
+class UnsubscribeMsg(Action, tag="unsubscribe_msg", kw_only=True, frozen=True):
     session_id: Sid
     msg_id: Sid
 
 
-class Stop(Action, tag="stop", kw_only=True):
+class Stop(Action, tag="stop", kw_only=True, frozen=True):
     session_id: Sid
     msg_id: Sid
 
 
-class Retry(Action, tag="retry", kw_only=True):
+class Retry(Action, tag="retry", kw_only=True, frozen=True):
     session_id: Sid
     msg_id: Sid
 
 
-class RenameSession(Action, tag="rename_session", kw_only=True):
+class RenameSession(Action, tag="rename_session", kw_only=True, frozen=True):
     session_id: Sid
     title: Annotated[str, msgspec.Meta(max_length=500)] | None = None
     regenerate: bool = False
 
 
-class SetArchived(Action, tag="set_archived", kw_only=True):
+class SetArchived(Action, tag="set_archived", kw_only=True, frozen=True):
     session_id: Sid
     archived: bool
 
 
-class SetPinned(Action, tag="set_pinned", kw_only=True):
+class SetPinned(Action, tag="set_pinned", kw_only=True, frozen=True):
     session_id: Sid
     pinned: bool
 
 
-class SetUnread(Action, tag="set_unread", kw_only=True):
+class SetUnread(Action, tag="set_unread", kw_only=True, frozen=True):
     session_id: Sid
     unread: bool
 
 
-class DeleteSession(Action, tag="delete_session", kw_only=True):
+class DeleteSession(Action, tag="delete_session", kw_only=True, frozen=True):
     session_id: Sid
 
 
-class SetSessionProject(Action, tag="set_session_project", kw_only=True):
+class SetSessionProject(Action, tag="set_session_project", kw_only=True, frozen=True):
     session_id: Sid
     project_id: Short
 
 
-class ListProjects(Action, tag="list_projects", kw_only=True):
+class ListProjects(Action, tag="list_projects", kw_only=True, frozen=True):
     pass
 
 
-class CreateProject(Action, tag="create_project", kw_only=True):
+class CreateProject(Action, tag="create_project", kw_only=True, frozen=True):
     name: Short = ""
     path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 
-class RelocateProject(Action, tag="relocate_project", kw_only=True):
+class RelocateProject(Action, tag="relocate_project", kw_only=True, frozen=True):
     session_id: Sid
     project_id: Short
     path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
@@ -141,7 +141,7 @@ ClientAction = (ListSessions | CreateSession | LoadSession | Chat | SubscribeMsg
                 | Retry | SwitchBranch | RenameSession | SetArchived | SetPinned | SetUnread | DeleteSession
                 | SetSessionProject | ListProjects | CreateProject | RelocateProject | ListRunning)
 
-ACTIONS: Final = frozenset(c.__struct_config__.tag for c in ClientAction.__args__)  # type: ignore[attr-defined]
+ACTIONS: Final = frozenset(c.__struct_config__.tag for c in ClientAction.__args__)
 
 
 class _Head(msgspec.Struct):

@@ -277,7 +277,8 @@ class SessionStore:
         buf = self._loading[session_id] = []
         try:
             await self._flush_for_read()
-            state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
+            loaded, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
+            state = loaded
             self._add_unwritten(session_id, state)
             for rec, end in buf:
                 if rec.seq > state.seq:

@@ -108,8 +108,8 @@ class _Replay(trio.abc.Stream):
         if self._prefix:
             n = len(self._prefix) if max_bytes is None else max_bytes
             data, self._prefix = self._prefix[:n], self._prefix[n:]
-            return data
-        return await self._stream.receive_some(max_bytes)
+            return bytes(data)
+        return bytes(await self._stream.receive_some(max_bytes))
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self._stream.send_all(data)
@@ -563,7 +563,7 @@ class Connection:
 
     async def _sender(self) -> None:
         async for item in self._recv:
-            if type(item) is _Pending:
+            if isinstance(item, _Pending):
                 if self._pending.get(item.key) is item:
                     del self._pending[item.key]  # later updates make a new item
                 frame = item.frame or p.encode_frame("msg_update", p.to_wire(item.update))
