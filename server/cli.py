@@ -12,6 +12,17 @@ from eventstore.fsio import OS_FILES, lock_root
 from .logs import LOG_FORMATS, setup_logging
 
 ENV_ROOT: Final = "SESSIONLOG_ROOT"
+DISTRIBUTION: Final = "sessionlog-store"
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _version
+    try:
+        return _version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "(not installed)"
 
 # Exit codes of every command (serve adds its own, see server/ws.py; the README lists them all).
 EXIT_OK: Final = 0
@@ -246,6 +257,7 @@ def _log_level(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sessionlog", description="A durable session store for AI-agent chat apps.")
+    p.add_argument("--version", action="version", version=f"sessionlog (the {DISTRIBUTION} distribution) {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     root_help = f"data directory (default: ${ENV_ROOT} or {default_root()})"
 

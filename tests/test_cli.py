@@ -183,3 +183,8 @@ def test_a_bad_environment_value_is_a_usage_error_naming_the_variable(root):
     r = run_cli_env(env_bad, "serve", "--root", root, "--port", "0")
     assert r.returncode == 2 and "$SESSIONLOG_PROGRESS_INTERVAL" in r.stderr
     assert not os.path.exists(root), "nothing was created"
+
+
+def test_version_names_the_distribution():
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("sessionlog (the sessionlog-store distribution) ")
