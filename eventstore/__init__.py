@@ -10,6 +10,7 @@ from .commit import SyncMode as SyncMode
 from .commit import open_event_store as open_event_store
 from .errors import CorruptRecord as CorruptRecord
 from .errors import EventStoreError as EventStoreError
+from .errors import SessionlogError as SessionlogError
 from .errors import InvalidSessionId as InvalidSessionId
 from .errors import RecordTooLarge as RecordTooLarge
 from .errors import SessionExists as SessionExists

@@ -2,7 +2,13 @@
 from __future__ import annotations
 
 
-class EventStoreError(Exception):
+class SessionlogError(Exception):
+    """Base of every error this project raises on purpose: catch it to catch
+    them all (the event store's, EventStoreError, and the service's,
+    server.errors.ServiceError)."""
+
+
+class EventStoreError(SessionlogError):
     """Base of every error raised by eventstore/."""
 
 

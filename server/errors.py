@@ -2,8 +2,10 @@
 them) that the WebSocket layer sends back as is."""
 from __future__ import annotations
 
+from eventstore.errors import SessionlogError
 
-class ServiceError(Exception):
+
+class ServiceError(SessionlogError):
     """Base: `code` is stable and machine-readable, `message` is for people."""
     code = "internal"
 
