@@ -196,9 +196,24 @@ def _count(text: str) -> int:
     return int(_non_negative(text))
 
 
+class EnvList(list):
+    """A repeatable option's values from the environment: flags given on the
+    command line replace them (argparse would append to them)."""
+
+
 class EnvError(str):
     """A bad value in the environment for an option not given on the command
     line: reported (exit 2) only when the command that has it runs."""
+
+
+def _flags_replace_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for sub in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
+        chosen = sub.choices.get(getattr(args, "command", ""))
+        for action in chosen._actions if chosen is not None else ():
+            env = action.default
+            value = getattr(args, action.dest, None)
+            if isinstance(env, EnvList) and isinstance(value, list) and value is not env and len(value) > len(env):
+                setattr(args, action.dest, value[len(env):])
 
 
 def _env_defaults(p: argparse.ArgumentParser, secret: frozenset[str] = frozenset({"token"})) -> None:
@@ -213,7 +228,8 @@ def _env_defaults(p: argparse.ArgumentParser, secret: frozenset[str] = frozenset
         text = os.environ.get(name)
         if text is not None:
             try:
-                items = [t for t in text.split(",") if t] if isinstance(action, argparse._AppendAction) else [text]
+                items = ([t.strip() for t in text.split(",") if t.strip()]
+                         if isinstance(action, argparse._AppendAction) else [text])
                 values = [action.type(t) if action.type is not None else t for t in items]  # type: ignore[operator]
             except (argparse.ArgumentTypeError, ValueError) as e:
                 action.default = EnvError(f"${name}: {e}")
@@ -223,7 +239,10 @@ def _env_defaults(p: argparse.ArgumentParser, secret: frozenset[str] = frozenset
                 action.default = EnvError(f"${name}: {bad[0]!r} is not one of "
                                           f"{', '.join(map(str, action.choices or ()))}")
                 continue
-            action.default = values if isinstance(action, argparse._AppendAction) else values[0]
+            if isinstance(action, argparse._AppendAction):
+                action.default = EnvList(values)
+            else:
+                action.default = values[0]
         shown = "(set)" if action.dest in secret and action.default else action.default
         if isinstance(action.default, EnvError):
             shown = "invalid"
@@ -352,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [v for v in vars(args).values() if isinstance(v, EnvError)]
     if bad:
         parser.error(bad[0])
+    _flags_replace_env(parser, args)
     setup_logging(getattr(args, "log_level", "WARNING"), getattr(args, "log_format", "text"))
     try:
         return int(args.func(args) or 0)

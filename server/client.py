@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import ssl
+from urllib.parse import quote
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -117,7 +118,7 @@ async def open_client(host: str, port: int, token: str, *, origin: str | None = 
     """A client of `host:port` (`ssl_context`: over TLS, wss://; `root_path`:
     the server is reached under that prefix, e.g. behind a proxy)."""
     headers = [(b"Origin", origin.encode())] if origin else None
-    async with open_websocket(host, port, f"{root_path.rstrip('/')}/ws?token={token}",
+    async with open_websocket(host, port, f"{root_path.rstrip('/')}/ws?token={quote(token, safe='')}",
                               use_ssl=ssl_context if ssl_context is not None else False,
                               extra_headers=headers) as ws:
         client = Client(ws)

@@ -94,7 +94,7 @@ def readiness(server: Server) -> str | None:
     """Why the server is not ready (recovered and writable), or None."""
     failure = server.store.failure()
     if failure is not None:
-        return f"store failed: {failure}"
+        return "store failed (the log says why)"
     if server.store.shutting_down:
         return "shutting down"
     return None

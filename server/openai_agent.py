@@ -50,13 +50,14 @@ class OpenAIAgent:
         stream = await self.client.chat.completions.create(
             model=self.model, messages=self.messages(history), stream=True,
             stream_options={"include_usage": True})
+        finished = False
+        usage = None
         async with AsyncExitStack() as calls:
             open_calls: dict[int, InflightMessage] = {}
             async for chunk in stream:
-                usage = getattr(chunk, "usage", None)
-                if usage is not None:
-                    reply.add_tokens(input=usage.prompt_tokens or 0, output=usage.completion_tokens or 0)
+                usage = getattr(chunk, "usage", None) or usage  # the last one reported counts
                 for choice in chunk.choices or ():
+                    finished = finished or choice.finish_reason is not None
                     delta = choice.delta
                     if delta is None:
                         continue
@@ -74,6 +75,10 @@ class OpenAIAgent:
                             open_calls[tc.index] = call
                         if fn is not None and fn.arguments:
                             call.write(fn.arguments)
+        if usage is not None:
+            reply.add_tokens(input=int(usage.prompt_tokens or 0), output=int(usage.completion_tokens or 0))
+        if not finished:  # cut off upstream (or not a stream at all): never call it done
+            raise RuntimeError("the upstream stream ended without a finish_reason (the reply is cut off)")
 
 
 def from_env() -> OpenAIAgent:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
@@ -156,8 +156,8 @@ async def _read_head(stream: trio.abc.Stream) -> tuple[_Request, bytes] | None:
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
-        if not sep:
-            return None
+        if not sep or not value.strip().isprintable() and value.strip():
+            return None  # no colon, or control characters (a bare LF, a NUL) in a value
         key = name.strip().lower()
         if key in headers:  # a repeated Host/Origin is ambiguous: refuse
             if key in ("host", "origin"):
@@ -200,9 +200,9 @@ class Server:
         if self.config.host not in ("0.0.0.0", "::", ""):
             names.add(self.config.host if ":" not in self.config.host else f"[{self.config.host}]")
         hosts = {f"{n}:{self.port}" for n in names} | ({*names} if self.port == 80 else set())
-        hosts |= set(self.config.allowed_hosts)
+        hosts |= {h.lower() for h in self.config.allowed_hosts}
         if self.config.public_url is not None:
-            hosts.add(urlsplit(self.config.public_url).netloc)
+            hosts.add(_public_netloc(self.config.public_url))
         return hosts
 
     def allowed_origins(self) -> set[str]:
@@ -210,9 +210,8 @@ class Server:
         checked, and a TLS proxy makes the browser's origin https) and extras."""
         own = {f"{scheme}://{h}" for h in self.allowed_hosts() for scheme in ("http", "https")}
         if self.config.public_url is not None:
-            u = urlsplit(self.config.public_url)
-            own.add(f"{u.scheme}://{u.netloc}")
-        return own | set(self.config.allowed_origins)
+            own.add(f"{urlsplit(self.config.public_url).scheme}://{_public_netloc(self.config.public_url)}")
+        return own | {o.lower() for o in self.config.allowed_origins}
 
     def _trusted(self, peer_ip: str) -> bool:
         allow = self.config.forwarded_allow_ips
@@ -230,7 +229,9 @@ class Server:
                 headers = {**headers, "host": fwd_host.split(",")[0].strip()}
             fwd_for = headers.get("x-forwarded-for")
             if fwd_for:
-                remote = fwd_for.split(",")[0].strip()
+                # the rightmost entry is the one our trusted proxy added; the
+                # ones before it are what the client claimed
+                remote = fwd_for.split(",")[-1].strip()
         target = req.target
         root = self.config.root_path
         if root and (target == root or target.startswith(root + "/") or target.startswith(root + "?")):
@@ -239,10 +240,10 @@ class Server:
 
     def check_handshake(self, req: _Request) -> str | None:
         """Why this upgrade is refused, or None."""
-        if req.headers.get("host", "") not in self.allowed_hosts():
+        if req.headers.get("host", "").lower() not in self.allowed_hosts():
             return "Host not allowed"
         origin = req.headers.get("origin")
-        if origin is not None and origin not in self.allowed_origins():
+        if origin is not None and origin.lower() not in self.allowed_origins():
             return "Origin not allowed"
         token = (req.query.get("token") or [""])[0]
         if not hmac.compare_digest(token.encode(), self.config.token.encode()):
@@ -259,8 +260,18 @@ class Server:
                 await _http_reply(stream, "400 Bad Request", b"bad request\n")
                 return
             req, raw = got
+            try:
+                raw_path = urlsplit(req.target).path
+            except ValueError:  # an unparsable target ("//[x/")
+                await _http_reply(stream, "400 Bad Request", b"bad request\n")
+                return
+            if raw_path in OPS_PATHS and req.method in ("GET", "HEAD"):
+                # at the server's own root only: a proxy that forwards /chat/
+                # never exposes these under it
+                await self._ops(stream, req)
+                return
             root = self.config.root_path
-            if root and urlsplit(req.target).path == root and req.method == "GET":
+            if root and raw_path == root and req.method in ("GET", "HEAD"):
                 # relative URLs in the page need the slash
                 query = urlsplit(req.target).query
                 await _http_reply(stream, "301 Moved Permanently", b"", extra=f"Location: {root}/"
@@ -278,8 +289,6 @@ class Server:
                     return
                 log.info("WebSocket handshake accepted", extra={"remote": remote})
                 await self._websocket(_Replay(stream, raw), remote)
-            elif req.path in OPS_PATHS and req.method in ("GET", "HEAD"):
-                await self._ops(stream, req)
             elif req.method == "GET":
                 await self._static(stream, req)
             else:
@@ -298,9 +307,15 @@ class Server:
         a Prometheus scrape addresses the pod, not a name), nothing in them but
         counts and states (server/metrics.py)."""
         head = req.method == "HEAD"
-        if req.path == "/healthz":
+        path = urlsplit(req.target).path
+        if path == "/metrics" and req.headers.get("host", "").lower() not in self.allowed_hosts():
+            # activity counts are not for any web page (DNS rebinding): a
+            # scraper's address is added with --allowed-host
+            await _http_reply(stream, "403 Forbidden", b"Host not allowed\n", head_only=head)
+            return
+        if path == "/healthz":
             await _http_reply(stream, "200 OK", b"ok\n", head_only=head)
-        elif req.path == "/readyz":
+        elif path == "/readyz":
             why = readiness(self)
             if why is None:
                 await _http_reply(stream, "200 OK", b"ready\n", head_only=head)
@@ -310,14 +325,15 @@ class Server:
             await _http_reply(stream, "200 OK", self.metrics.render(), METRICS_TYPE, head_only=head)
 
     async def _static(self, stream: trio.abc.Stream, req: _Request) -> None:
-        if req.headers.get("host", "") not in self.allowed_hosts():
+        if req.headers.get("host", "").lower() not in self.allowed_hosts():
             await _http_reply(stream, "403 Forbidden", b"Host not allowed\n")
             return
         if req.path == "/favicon.ico":
             await _http_reply(stream, "204 No Content", b"")
             return
         name = "index.html" if req.path in ("/", "/index.html") else req.path.removeprefix("/static/")
-        if name != "index.html" and (not req.path.startswith("/static/") or "/" in name or name.startswith(".")):
+        if name != "index.html" and (not req.path.startswith("/static/") or "/" in name or name.startswith(".")
+                                     or not name.isprintable() or len(name) > 100):
             await _http_reply(stream, "404 Not Found", b"not found\n")
             return
         path = os.path.join(STATIC_DIR, name)
@@ -465,6 +481,15 @@ def _error_of(e: BaseException) -> tuple[str, str]:
             return "internal", f"{type(e).__name__}: {e}"
 
 
+def _public_netloc(url: str) -> str:
+    """The Host a browser sends for `url`: lower case, without a default port."""
+    u = urlsplit(url)
+    host = (u.hostname or "").lower()
+    host = f"[{host}]" if ":" in host else host
+    default = {"http": 80, "https": 443}.get(u.scheme)
+    return host if u.port in (None, default) else f"{host}:{u.port}"
+
+
 def _peer(stream: trio.abc.Stream) -> str:
     """host:port of the other end of a TCP stream ("?" if it has none)."""
     sock = getattr(stream, "socket", None)
@@ -501,6 +526,7 @@ class Connection:
         self.watching: set[str] = set()
         self.dropped = False
         self.remote = "?"  # the client's address, for the log
+        self.handling = False  # a request of this client is being answered
         # Frames queued and not yet written to the socket. (The channel's buffer
         # alone does not say: a frame handed straight to a waiting sender task
         # is in neither.)
@@ -558,6 +584,8 @@ class Connection:
                 except ConnectionClosed:
                     return
                 continue
+            if self.handling:
+                continue  # our own slow request holds its frames (and pongs) unread: not the client's fault
             self.drop(f"no pong within {cfg.ping_timeout:g} s")
             return
 
@@ -595,7 +623,11 @@ class Connection:
             try:
                 req = p.decode_action(frame)
                 action, rid = req.__struct_config__.tag, req.request_id  # type: ignore[assignment]
-                await self.handle(req)
+                self.handling = True
+                try:
+                    await self.handle(req)
+                finally:
+                    self.handling = False
             except p.ProtocolError as e:
                 self.send_nowait(p.encode_error(e.code, e.message, e.action, e.request_id))
             except Exception as e:  # one bad frame never ends the connection
@@ -826,7 +858,19 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         started.append(server)
         host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
         print(f"sessionlog: data in {root}", flush=True)
-        print(f"sessionlog: serving http://{host}:{server.port}/?token={config.token}", flush=True)
+        base = f"http://{host}:{server.port}{config.root_path}/"
+        if sys.stdout.isatty():  # a person at a terminal: the URL to open
+            print(f"sessionlog: serving {base}?token={quote(config.token, safe='')}", flush=True)
+            return
+        # stdout is a log (journald, docker logs): the token is not written there
+        if args.token:
+            print(f"sessionlog: serving {base} (token: as configured)", flush=True)
+        else:
+            path = os.path.join(root, ".token")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(config.token + "\n")
+            print(f"sessionlog: serving {base} (token: in {path}, readable by this user only)", flush=True)
 
     def give_up(why: str) -> None:
         print(f"sessionlog: error: {why}; exiting with what is durable (replies still running are "

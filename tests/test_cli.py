@@ -188,3 +188,23 @@ def test_a_bad_environment_value_is_a_usage_error_naming_the_variable(root):
 def test_version_names_the_distribution():
     r = run_cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("sessionlog (the sessionlog-store distribution) ")
+
+
+def test_a_repeatable_flag_replaces_the_environment_list(monkeypatch):
+    """Review finding: argparse appends flags to a default list; the
+    environment's list must be replaced, not extended (trust '*' stays off)."""
+    from server.cli import _flags_replace_env, build_parser
+    monkeypatch.setenv("SESSIONLOG_FORWARDED_ALLOW_IPS", "*")
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--forwarded-allow-ips", "10.0.0.1"])
+    _flags_replace_env(parser, args)
+    assert args.forwarded_allow_ips == ["10.0.0.1"]
+    args = parser.parse_args(["serve"])
+    _flags_replace_env(parser, args)
+    assert args.forwarded_allow_ips == ["*"]
+
+
+def test_a_public_url_is_compared_as_browsers_send_it():
+    from server.ws import _public_netloc
+    assert _public_netloc("https://Chat.Example.com:443/chat") == "chat.example.com"
+    assert _public_netloc("http://chat.example.com:8080/") == "chat.example.com:8080"

@@ -46,6 +46,11 @@ async def handshake(port: int, path: str, host: str, extra: str = "") -> tuple[b
     return data, stream
 
 
+def _req(xff: str):  # type: ignore[no-untyped-def]
+    from server.ws import _Request
+    return _Request("GET", "/", {"host": "chat.example", "x-forwarded-for": xff})
+
+
 def get(path: str, host: str, extra: str = "") -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode()
 
@@ -70,6 +75,11 @@ async def test_a_public_url_with_a_path_prefix_serves_the_page_and_the_socket_un
     assert (await raw_http(server.port, get("/chat/static/app.js", host))).startswith(b"HTTP/1.1 200")
     assert (await raw_http(server.port, get("/static/app.js", host))).startswith(b"HTTP/1.1 200"), \
         "a proxy that strips the prefix works too"
+    for ops in ("/chat/metrics", "/chat/readyz", "/chat/healthz"):  # never public under the proxy's prefix
+        assert (await raw_http(server.port, get(ops, host))).startswith(b"HTTP/1.1 404"), ops
+    assert (await raw_http(server.port, get("/chat/static/%00x", host))).startswith(b"HTTP/1.1 404")
+    assert (await raw_http(server.port, get("/chat/static/" + "a" * 300, host))).startswith(b"HTTP/1.1 404")
+    assert (await raw_http(server.port, get("//[x/", host))).startswith(b"HTTP/1.1 400")
     head, s = await handshake(server.port, f"/chat/ws?token={TOKEN}", host, "Origin: https://chat.example\r\n")
     assert head.startswith(b"HTTP/1.1 101"), head
     await s.aclose()
@@ -85,6 +95,12 @@ async def test_forwarded_headers_are_believed_only_from_trusted_proxies(root, nu
                               fwd + "Origin: https://chat.example\r\n")
     assert head.startswith(b"HTTP/1.1 101"), head
     await s.aclose()
+    bad = "X-Forwarded-For: 10.9.9.9\nX-Injected: 1\r\n"  # a bare LF in a value: refused, not logged
+    head, s = await handshake(trusting.port, f"/ws?token={TOKEN}", "chat.example", bad)
+    assert head.startswith(b"HTTP/1.1 400"), head
+    await s.aclose()
+    _, remote = trusting.localize(_req("1.2.3.4, 203.0.113.9"), "127.0.0.1")
+    assert remote == "203.0.113.9", "the entry our proxy added, not the client's claim"
     wary = await start(nursery, root + "-b", allowed_hosts=("chat.example",))
     head, s = await handshake(wary.port, f"/ws?token={TOKEN}", "backend:1234", fwd + "Origin: https://chat.example\r\n")
     assert head.startswith(b"HTTP/1.1 403"), "an untrusted peer's X-Forwarded-Host is ignored"

@@ -41,7 +41,9 @@ STREAM = [
 ]
 
 
-async def fake_openai(nursery: trio.Nursery, requests: list[dict]) -> int:
+async def fake_openai(nursery: trio.Nursery, requests: list[dict], stream_parts: list[bytes] | None = None) -> int:
+    parts = STREAM if stream_parts is None else stream_parts
+
     async def handle(stream: trio.SocketStream) -> None:
         data = b""
         while b"\r\n\r\n" not in data:
@@ -54,7 +56,7 @@ async def fake_openai(nursery: trio.Nursery, requests: list[dict]) -> int:
         requests.append({"path": head.split(b" ")[1].decode(), **json.loads(body)})
         await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                               b"Connection: close\r\n\r\n")
-        for part in STREAM:
+        for part in parts:
             await stream.send_all(part)
             await trio.sleep(0.01)
         await stream.aclose()
@@ -102,3 +104,28 @@ def test_agents_are_loaded_by_flag_and_bad_specs_say_why():
     for bad in ("nofactory", "x=server.agent", "x=no.such.module:f"):
         with pytest.raises((ValueError, ImportError)):
             load_agents([bad])
+
+
+async def test_a_stream_cut_off_upstream_ends_as_an_error_with_its_text(root, nursery):
+    """Review finding: a stream that ends without a finish_reason (the
+    upstream died, or answered without streaming) is not a `done` reply."""
+    from server.openai_agent import OpenAIAgent
+    port = await fake_openai(nursery, [], [chunk({"content": "Hello, the answer is"})])
+    ready = trio.Event()
+    holder: dict[str, Server] = {}
+
+    def on_ready(s: Server) -> None:
+        holder["s"] = s
+        ready.set()
+    agents = {"default": OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")}
+    nursery.start_soon(lambda: serve_store(root, ServerConfig(port=0, token=TOKEN), agent=agents["default"],
+                                           store_config=StoreConfig(), on_ready=on_ready))
+    await ready.wait()
+    from server.client import open_client
+    async with open_client("127.0.0.1", holder["s"].port, TOKEN) as c:
+        ack = await c.request("chat", content="hi")
+        await c.follow(ack["session_id"])
+        with trio.fail_after(20):
+            assert await c.wait_done(ack["session_id"], ack["reply_id"]) == "error"
+    m = (await holder["s"].store.load_session(ack["session_id"])).messages[ack["reply_id"]]
+    assert m.content == "Hello, the answer is" and "cut off" in (m.error or "")

@@ -6,6 +6,7 @@ the normal run; the long mode is 200+)."""
 from __future__ import annotations
 
 import os
+import re
 import random
 import signal
 import subprocess
@@ -40,7 +41,7 @@ def wait_serving(proc: subprocess.Popen[str]) -> int:
         line = proc.stdout.readline()
         assert line, "the server ended before serving"
         if "serving http://" in line:
-            return int(line.split(":")[-1].split("/")[0])
+            return int(re.search(r"http://[^/]+:(\d+)/", line).group(1))  # type: ignore[union-attr]
 
 
 async def load(port: int, seconds: float, rng: random.Random, acked: dict[str, set[str]]) -> None:

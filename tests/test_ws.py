@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import random
 import signal
 import subprocess
@@ -283,7 +284,7 @@ def start_serve_process(root: str) -> tuple[subprocess.Popen[str], int]:
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.stderr else "server ended"
         if "serving http://" in line:
-            return proc, int(line.split(":")[-1].split("/")[0])
+            return proc, int(re.search(r"http://[^/]+:(\d+)/", line).group(1))  # type: ignore[union-attr]
 
 
 async def spawn_server(root: str) -> tuple[subprocess.Popen[str], int]:
