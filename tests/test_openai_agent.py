@@ -64,21 +64,25 @@ async def fake_openai(nursery: trio.Nursery, requests: list[dict], stream_parts:
     return int(listeners[0].socket.getsockname()[1])
 
 
-async def test_an_openai_compatible_stream_becomes_a_reply_a_tool_call_and_token_counts(root, nursery):
-    from server.openai_agent import OpenAIAgent
-    requests: list[dict] = []
-    port = await fake_openai(nursery, requests)
+async def serve_with(nursery: trio.Nursery, root: str, agent, agents=None) -> Server:  # type: ignore[no-untyped-def]
     ready = trio.Event()
     holder: dict[str, Server] = {}
 
     def on_ready(s: Server) -> None:
         holder["s"] = s
         ready.set()
-    agents = {"gpt": OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")}
-    nursery.start_soon(lambda: serve_store(root, ServerConfig(port=0, token=TOKEN), agent=DemoAgent(speed=0),
-                                           agents=agents, store_config=StoreConfig(), on_ready=on_ready))
+    nursery.start_soon(lambda: serve_store(root, ServerConfig(port=0, token=TOKEN), agent=agent, agents=agents,
+                                           store_config=StoreConfig(), on_ready=on_ready))
     await ready.wait()
-    server = holder["s"]
+    return holder["s"]
+
+
+async def test_an_openai_compatible_stream_becomes_a_reply_a_tool_call_and_token_counts(root, nursery):
+    from server.openai_agent import OpenAIAgent
+    requests: list[dict] = []
+    port = await fake_openai(nursery, requests)
+    agents = {"gpt": OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")}
+    server = await serve_with(nursery, root, DemoAgent(speed=0), agents)
     from server.client import open_client
     async with open_client("127.0.0.1", server.port, TOKEN) as c:
         ack = await c.request("chat", content="what is durable?", agent_id="gpt")
@@ -111,21 +115,12 @@ async def test_a_stream_cut_off_upstream_ends_as_an_error_with_its_text(root, nu
     upstream died, or answered without streaming) is not a `done` reply."""
     from server.openai_agent import OpenAIAgent
     port = await fake_openai(nursery, [], [chunk({"content": "Hello, the answer is"})])
-    ready = trio.Event()
-    holder: dict[str, Server] = {}
-
-    def on_ready(s: Server) -> None:
-        holder["s"] = s
-        ready.set()
-    agents = {"default": OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")}
-    nursery.start_soon(lambda: serve_store(root, ServerConfig(port=0, token=TOKEN), agent=agents["default"],
-                                           store_config=StoreConfig(), on_ready=on_ready))
-    await ready.wait()
+    server = await serve_with(nursery, root, OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k"))
     from server.client import open_client
-    async with open_client("127.0.0.1", holder["s"].port, TOKEN) as c:
+    async with open_client("127.0.0.1", server.port, TOKEN) as c:
         ack = await c.request("chat", content="hi")
         await c.follow(ack["session_id"])
         with trio.fail_after(20):
             assert await c.wait_done(ack["session_id"], ack["reply_id"]) == "error"
-    m = (await holder["s"].store.load_session(ack["session_id"])).messages[ack["reply_id"]]
+    m = (await server.store.load_session(ack["session_id"])).messages[ack["reply_id"]]
     assert m.content == "Hello, the answer is" and "cut off" in (m.error or "")

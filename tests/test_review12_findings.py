@@ -26,17 +26,23 @@ async def _send(ws, action: str, **kw) -> None:  # type: ignore[no-untyped-def]
     await ws.send_message(json.dumps({"action": action, **kw}))
 
 
+async def _chat(ws) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """Send a chat turn and subscribe to its reply: (session, reply)."""
+    await _send(ws, "chat", content="hi", request_id=1)
+    while True:
+        f = json.loads(await ws.get_message())
+        if f.get("request_id") == 1:
+            break
+    sid, rid = f["data"]["session_id"], f["data"]["reply_id"]
+    await _send(ws, "subscribe_msg", session_id=sid, msg_id=rid, offset=0, request_id=2)
+    return sid, rid
+
+
 async def _chat_and_follow(port: int) -> tuple[str, str, list[dict]]:
     """Start a reply over a real socket and follow it to its terminal update."""
     updates: list[dict] = []
     async with open_websocket("127.0.0.1", port, f"/ws?token={TOKEN}", use_ssl=False) as ws:
-        await _send(ws, "chat", content="hi", request_id=1)
-        while True:
-            f = json.loads(await ws.get_message())
-            if f.get("request_id") == 1:
-                break
-        sid, rid = f["data"]["session_id"], f["data"]["reply_id"]
-        await _send(ws, "subscribe_msg", session_id=sid, msg_id=rid, offset=0, request_id=2)
+        sid, rid = await _chat(ws)
         with trio.fail_after(10):
             while not updates or updates[-1]["status"] == "running":
                 f = json.loads(await ws.get_message())
@@ -140,13 +146,7 @@ async def test_a_refused_re_subscribe_leaves_the_old_subscription_streaming(root
     subscription first, so the page's reply never got its terminal update."""
     server = await start_server(nursery, root, speed=100.0, tokens=(40, 40))
     async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False) as ws:
-        await _send(ws, "chat", content="hi", request_id=1)
-        while True:
-            f = json.loads(await ws.get_message())
-            if f.get("request_id") == 1:
-                break
-        sid, rid = f["data"]["session_id"], f["data"]["reply_id"]
-        await _send(ws, "subscribe_msg", session_id=sid, msg_id=rid, offset=0, request_id=2)
+        sid, rid = await _chat(ws)
         await _send(ws, "subscribe_msg", session_id=sid, msg_id=rid, offset=10**9, request_id=3)
         statuses, refused = [], False
         with trio.fail_after(10):
