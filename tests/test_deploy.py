@@ -18,7 +18,7 @@ UPGRADE = ("GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnect
            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n")
 
 
-async def start(nursery: trio.Nursery, root: str, **cfg) -> Server:  # type: ignore[no-untyped-def]
+async def start(nursery: trio.Nursery, root: str, fs=None, **cfg) -> Server:  # type: ignore[no-untyped-def]
     ready = trio.Event()
     holder: dict[str, Server] = {}
 
@@ -26,8 +26,9 @@ async def start(nursery: trio.Nursery, root: str, **cfg) -> Server:  # type: ign
         holder["s"] = s
         ready.set()
     config = ServerConfig(port=0, token=TOKEN, **cfg)
+    extra = {} if fs is None else {"fs": fs}
     nursery.start_soon(lambda: serve_store(root, config, agent=DemoAgent(speed=400), store_config=StoreConfig(),
-                                           on_ready=on_ready))
+                                           on_ready=on_ready, **extra))
     await ready.wait()
     return holder["s"]
 
@@ -127,3 +128,34 @@ async def test_keepalive_drops_a_silent_peer_and_keeps_a_live_one(root, nursery)
                     break
         assert frame["type"] != "error", frame
         await dead.aclose()
+
+
+async def test_keepalive_spares_a_client_whose_own_request_is_slow(root, nursery):
+    """Review finding: while we answer a slow request (here a rename whose
+    sync stalls 1 s, as a busy disk does) with more frames queued, the client's
+    pongs sit unread behind them; that is not the client's fault."""
+    import time as _time
+
+    from eventstore.fsio import FileOps
+
+    class StallingFS(FileOps):
+        stall = 0.0
+
+        def fdatasync(self, fd):  # type: ignore[no-untyped-def]
+            if self.stall:
+                _time.sleep(self.stall)  # a worker thread, as every sync
+            super().fdatasync(fd)
+    fs = StallingFS()
+    server = await start(nursery, root, fs=fs, ping_interval=0.2, ping_timeout=0.3)
+    meta, _ = await server.store.create_session(first_message="x")
+    fs.stall = 1.0
+    async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False) as c:
+        for i in range(3):
+            await c.send_message(json.dumps({"action": "rename_session", "session_id": meta.id,
+                                             "title": f"t{i}", "request_id": i}))
+        got = 0
+        with trio.fail_after(20):
+            while got < 3:
+                if json.loads(await c.get_message()).get("request_id") is not None:
+                    got += 1
+    assert server.dropped == 0
