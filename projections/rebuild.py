@@ -91,6 +91,10 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
         problems.append(Problem(sid, None, f"orphan folder: no {LOG_NAME} in sessions/{sid}/"))
     if fs.exists(index_path(root) + ".tmp"):
         problems.append(Problem("index.json.tmp", None, "a left-over temp file (the next start removes it)"))
+    for name in sorted(fs.listdir(root)):
+        if name.startswith("journal-damaged-"):
+            problems.append(Problem(name, None, "a journal a start could not fully apply, kept for inspection "
+                                    "(its notes are in that start's log); remove it once handled"))
     segs, _ = list_segments(fs, root)
     if segs:
         problems.append(Problem("journal", None, f"{len(segs)} journal segment(s): a server is running on this "

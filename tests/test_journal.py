@@ -301,3 +301,17 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
         assert state.messages[mid].content == "acknowledged"
     async with open_session_store(root) as store:  # the restart writes it back
         assert (await store.load_session(meta.id)).messages[mid].content == "acknowledged"
+
+
+def test_verify_lists_a_kept_damaged_journal(tmp_path):
+    from projections.rebuild import verify
+
+    async def work(es) -> None:  # type: ignore[no-untyped-def]
+        await es.create("s", [SessionCreated(session_id="s", created_at=1.0)])
+        await es.append("s", SessionRenamed(title="one"))
+    root = _copy_while_open(tmp_path, work)
+    with open(log_path(root, "s"), "r+b") as f:
+        f.truncate(5)  # the first line unreadable: the journal cannot be applied, so it is kept
+    apply_journal(OS_FILES, root)
+    _, problems = verify(OS_FILES, root)
+    assert [p.session_id for p in problems if "could not fully apply" in p.what] == ["journal-damaged-1"], problems
