@@ -395,7 +395,6 @@ class EventStore:
             raise SessionReadOnly(f"{sess.corrupt}; the session is read-only until "
                                   f"`sessionlog repair` is run on it")
         ts = time.time()
-        batch = self._batch
         # Encode everything first: a RecordTooLarge leaves the session unchanged.
         new = [encode_record(sess.last_seq + i, ts, ev) for i, ev in enumerate(events, 1)]
         start = sess.end
@@ -404,6 +403,20 @@ class EventStore:
             sess.last_seq += 1
             sess.end += len(line)
             out.append(Appended(Record(sess.last_seq, ts, ev), sess.end))
+        batch = self._add_lines(session_id, sess, new, start, type(events[-1]) is SessionDeleted)
+        for a in out:
+            for listener in self.listeners:
+                listener(session_id, a.record, a.end)
+        for done in self.append_listeners:
+            done(session_id)
+        self._wake.set()
+        return batch, out
+
+    def _add_lines(self, session_id: str, sess: _Session, new: list[bytes], start: int,
+                   tombstone: bool) -> _Batch:
+        """Put a session's new lines (its records up to `sess.last_seq`, from
+        byte `start`) into the filling batch."""
+        batch = self._batch
         lines = batch.lines.get(session_id)
         if lines is None:
             batch.lines[session_id] = new
@@ -413,18 +426,12 @@ class EventStore:
         else:
             lines.extend(new)
         batch.last_seq[session_id] = sess.last_seq
-        if type(events[-1]) is SessionDeleted:
+        if tombstone:
             sess.deleted = True
         if not batch.records:
             batch.opened = time.perf_counter()
-        batch.records += len(out)
-        for a in out:
-            for listener in self.listeners:
-                listener(session_id, a.record, a.end)
-        for done in self.append_listeners:
-            done(session_id)
-        self._wake.set()
-        return batch, out
+        batch.records += len(new)
+        return batch
 
     async def append(self, session_id: str, event: Event) -> Appended:
         """Append one record and return once it is durable."""
@@ -449,24 +456,10 @@ class EventStore:
             return self._enqueue(session_id, [event])[1][0]  # raises SessionReadOnly
         ts = time.time()
         line = encode_record(sess.last_seq + 1, ts, event)
-        batch = self._batch
         start = sess.end
         sess.last_seq += 1
         sess.end = end = start + len(line)
-        lines = batch.lines.get(session_id)
-        if lines is None:
-            batch.lines[session_id] = [line]
-            batch.offsets[session_id] = start
-            if self.journal:
-                self._journaled[session_id] = self._batch_no + 1
-        else:
-            lines.append(line)
-        batch.last_seq[session_id] = sess.last_seq
-        if type(event) is SessionDeleted:
-            sess.deleted = True
-        if not batch.records:
-            batch.opened = time.perf_counter()
-        batch.records += 1
+        self._add_lines(session_id, sess, [line], start, type(event) is SessionDeleted)
         rec = Record(sess.last_seq, ts, event)
         for listener in self.listeners:
             listener(session_id, rec, end)
