@@ -13,7 +13,7 @@ import tempfile
 
 import trio
 
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .report import save, table, verdict
 

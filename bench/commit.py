@@ -13,9 +13,9 @@ import time
 
 import trio
 
-from eventstore import open_event_store
-from eventstore.events import MessageProgress, SessionCreated
-from eventstore.record import encode_record
+from sessionlog_store.eventstore import open_event_store
+from sessionlog_store.eventstore.events import MessageProgress, SessionCreated
+from sessionlog_store.eventstore.record import encode_record
 
 from .report import median, pct, save, table, verdict
 

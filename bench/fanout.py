@@ -38,10 +38,11 @@ TOKEN = "bench"
 # -- the server process --------------------------------------------------------
 
 async def run_server(root: str, messages: int, out: str) -> None:
-    from eventstore.events import MessageProgress
-    from server.agent import DemoAgent
-    from server.store import StoreConfig
-    from server.ws import Server, ServerConfig, serve_store
+    from sessionlog_store.eventstore.events import MessageProgress
+    from sessionlog_store.server.agents.demo import DemoAgent
+    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.edge.ws import Server, ServerConfig
+    from sessionlog_store.server.run import serve_store
 
     ready = trio.Event()
     holder: dict[str, Server] = {}

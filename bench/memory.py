@@ -16,15 +16,15 @@ import sys
 import tempfile
 import time
 
-from eventstore.events import MessageCreated, SessionCreated
-from eventstore.record import encode_record
+from sessionlog_store.eventstore.events import MessageCreated, SessionCreated
+from sessionlog_store.eventstore.record import encode_record
 
 from .report import save, table, verdict
 
 PROBE = r"""
 import gc, sys, time, trio
-from server.store import StoreConfig, open_session_store
-from server.gc_policy import tune_gc
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.gc_policy import tune_gc
 async def main():
     t = time.perf_counter()
     async with open_session_store(sys.argv[1], config=StoreConfig(checkpoint_interval=3600)) as store:

@@ -18,9 +18,9 @@ import time
 
 import trio
 
-from eventstore.events import MessageCreated, MessageProgress
-from eventstore.ids import new_session_id
-from server.store import SessionStore, StoreConfig, open_session_store
+from sessionlog_store.eventstore.events import MessageCreated, MessageProgress
+from sessionlog_store.eventstore.ids import new_session_id
+from sessionlog_store.server.domain.store import SessionStore, StoreConfig, open_session_store
 
 WORDS = ("the store keeps every event durable and replays the log after a crash while the client "
          "streams tokens from an agent that calls tools and writes code for a project with tests "

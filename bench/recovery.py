@@ -13,11 +13,11 @@ import time
 
 import trio
 
-from eventstore.events import EVENT_DECODER
-from eventstore.fsio import OS_FILES
-from eventstore.log import list_session_ids, log_path
-from projections.recovery import load_session_state, recover_registry
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.events import EVENT_DECODER
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import list_session_ids, log_path
+from sessionlog_store.projections.recovery import load_session_state, recover_registry
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .populate import populate
 from .report import median, save, table, verdict

@@ -30,10 +30,10 @@ from typing import Any
 
 import trio
 
-from eventstore.events import MessageProgress
-from eventstore.record import encode_record
-from server.gc_policy import tune_gc
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.events import MessageProgress
+from sessionlog_store.eventstore.record import encode_record
+from sessionlog_store.server.gc_policy import tune_gc
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .report import cpu_seconds, median, pct, peak_rss_mb, save, table, verdict
 

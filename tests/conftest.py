@@ -29,14 +29,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def run_cli_env(extra: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """`sessionlog ARGS` in a subprocess, with `extra` in its environment."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sessionlog_store", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
 
 def read_logs(root: str) -> dict[str, bytes]:
     """Every session log under root, by session id, as bytes."""
-    from eventstore.fsio import OS_FILES
-    from eventstore.log import list_session_ids, log_path
+    from sessionlog_store.eventstore.fsio import OS_FILES
+    from sessionlog_store.eventstore.log import list_session_ids, log_path
     out = {}
     for sid in list_session_ids(OS_FILES, root):
         with open(log_path(root, sid), "rb") as f:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-import server
-from server import (Agent, EventStoreError, InflightMessage, NotFound, ServiceError, SessionlogError, StoreBroken,
-                    Subscription, open_session_store)
+import sessionlog_store
+from sessionlog_store import (Agent, EventStoreError, InflightMessage, NotFound, ServiceError, SessionlogError,
+                              StoreBroken, Subscription, open_session_store)
 
 
 def test_the_top_level_exports_the_pieces_a_user_plugs_together():
     for name in ("open_session_store", "SessionStore", "StoreConfig", "Agent", "DemoAgent", "InflightMessage",
                  "Subscription", "MsgUpdate", "SessionlogError", "ServiceError", "EventStoreError", "StoreBroken"):
-        assert hasattr(server, name), name
+        assert hasattr(sessionlog_store, name), name
+        assert name in sessionlog_store.__all__
     assert Agent and InflightMessage and Subscription
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from eventstore.fsio import OS_FILES
-from projections.recovery import load_session_state
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.projections.recovery import load_session_state
 
 from .conftest import ROOT
 
@@ -58,7 +58,7 @@ class ServeProcess:
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--root", self.root, "--port", str(self.port),
+            [sys.executable, "-m", "sessionlog_store", "serve", "--root", self.root, "--port", str(self.port),
              "--token", TOKEN, "--agent-speed", str(self.speed), *self.extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
@@ -257,7 +257,7 @@ def test_a_reconnecting_page_asks_only_for_what_it_missed(serve, browser):
     fresh list gives, deletes and renames made while it was away included."""
     import trio
 
-    from server.client import open_client
+    from sessionlog_store.server.edge.client import open_client
 
     async def changes(make: bool) -> list[str]:
         async with open_client("127.0.0.1", serve.port, TOKEN) as c:
@@ -397,7 +397,7 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
 
         import trio
 
-        from server.client import open_client
+        from sessionlog_store.server.edge.client import open_client
         tls = ssl.create_default_context(cafile=str(d / "cert.pem"))
 
         async def over_wss() -> int:

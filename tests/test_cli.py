@@ -122,8 +122,8 @@ def test_a_mistyped_root_creates_nothing_and_verify_tells_missing_from_corrupt(s
         assert r.returncode == 3 and "no store at" in _one_line_error(r)
         assert not os.path.exists(typo)
     assert run_cli("verify", "--root", store).returncode == 0
-    from eventstore.log import list_session_ids, log_path
-    from eventstore.fsio import OS_FILES
+    from sessionlog_store.eventstore.log import list_session_ids, log_path
+    from sessionlog_store.eventstore.fsio import OS_FILES
     sid = list_session_ids(OS_FILES, store)[0]
     with open(log_path(store, sid), "rb") as f:
         data = bytearray(f.read())
@@ -136,7 +136,7 @@ def test_a_mistyped_root_creates_nothing_and_verify_tells_missing_from_corrupt(s
 def test_a_session_named_projects_is_repaired_as_a_session(tmp_path):
     import trio
 
-    from server.store import open_session_store
+    from sessionlog_store.server.domain.store import open_session_store
     root = str(tmp_path / "store")
 
     async def make() -> None:
@@ -155,7 +155,7 @@ def test_every_serve_flag_comes_from_the_environment_too(monkeypatch):
     """Issue 15 item 4: each `serve` option has a $SESSIONLOG_* twin, checked as
     the flag is; `--help` lists each with its variable and default (never the
     token's value); a flag on the command line wins."""
-    from server.cli import build_parser
+    from sessionlog_store.server.cli import build_parser
     parser = build_parser()
     serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
     text = serve.format_help()
@@ -193,7 +193,7 @@ def test_version_names_the_distribution():
 def test_a_repeatable_flag_replaces_the_environment_list(monkeypatch):
     """Review finding: argparse appends flags to a default list; the
     environment's list must be replaced, not extended (trust '*' stays off)."""
-    from server.cli import _flags_replace_env, build_parser
+    from sessionlog_store.server.cli import _flags_replace_env, build_parser
     monkeypatch.setenv("SESSIONLOG_FORWARDED_ALLOW_IPS", "*")
     parser = build_parser()
     args = parser.parse_args(["serve", "--forwarded-allow-ips", "10.0.0.1"])
@@ -205,6 +205,6 @@ def test_a_repeatable_flag_replaces_the_environment_list(monkeypatch):
 
 
 def test_a_public_url_is_compared_as_browsers_send_it():
-    from server.ws import _public_netloc
+    from sessionlog_store.server.edge.ws import _public_netloc
     assert _public_netloc("https://Chat.Example.com:443/chat") == "chat.example.com"
     assert _public_netloc("http://chat.example.com:8080/") == "chat.example.com:8080"

@@ -9,15 +9,15 @@ import time
 
 import trio
 
-from eventstore.events import MessageFinalized
-from eventstore.log import scan
-from server.store import open_session_store
+from sessionlog_store.eventstore.events import MessageFinalized
+from sessionlog_store.eventstore.log import scan
+from sessionlog_store.server.domain.store import open_session_store
 
 from .conftest import child, read_logs
 
 STREAMER = r"""
 import signal, sys, trio
-from server.store import open_session_store
+from sessionlog_store.server.domain.store import open_session_store
 N = int(sys.argv[2])
 async def main():
     async with open_session_store(sys.argv[1]) as store:
@@ -100,8 +100,8 @@ async def test_sigterm_mid_stream_persists_everything_and_aborts_server_shutdown
 SWEEP_CRASH = r"""
 import sys, threading
 import trio
-from eventstore import FileOps
-from server.store import open_session_store
+from sessionlog_store.eventstore import FileOps
+from sessionlog_store.server.domain.store import open_session_store
 class StuckAfterOneSync(FileOps):
     n = 0
     def _gate(self):

@@ -8,9 +8,9 @@ import os
 import pytest
 import trio
 
-from eventstore.errors import SessionReadOnly
-from eventstore.log import log_path
-from server.store import open_session_store
+from sessionlog_store.eventstore.errors import SessionReadOnly
+from sessionlog_store.eventstore.log import log_path
+from sessionlog_store.server.domain.store import open_session_store
 
 from .conftest import run_cli
 
@@ -109,7 +109,7 @@ async def test_stale_checkpoint_row_is_caught_by_verify_and_ignored_at_start(roo
         pass
     # A checkpoint that claims more than the log holds (e.g. copied from elsewhere).
     import msgspec
-    from projections.checkpoint import IndexCheckpoint
+    from sessionlog_store.projections.checkpoint import IndexCheckpoint
     path = os.path.join(root, "index.json")
     ck = msgspec.json.decode(open(path, "rb").read(), type=IndexCheckpoint)
     e = ck.sessions[ids[0]]

@@ -10,12 +10,12 @@ import os
 import pytest
 import trio
 
-from eventstore.errors import SessionReadOnly
-from eventstore.fsio import OS_FILES
-from eventstore.log import log_path, project_log_path
-from projections.checkpoint import snapshot_path
-from projections.rebuild import RepairRefused, repair
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.errors import SessionReadOnly
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import log_path, project_log_path
+from sessionlog_store.projections.checkpoint import snapshot_path
+from sessionlog_store.projections.rebuild import RepairRefused, repair
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .conftest import run_cli
 
@@ -96,7 +96,7 @@ async def test_records_without_session_created_are_quarantined_not_removed(root)
     with open(path, "rb") as f:
         lines = f.read().splitlines(keepends=True)
     # Valid records, but the first (session_created) is gone: rewrite seqs from 1.
-    from eventstore.record import decode_record, encode_record
+    from sessionlog_store.eventstore.record import decode_record, encode_record
     recs = [decode_record(ln) for ln in lines[1:]]
     with open(path, "wb") as f:
         for i, rec in enumerate(recs, 1):
@@ -156,7 +156,7 @@ async def test_a_server_starts_with_a_damaged_project_log(root):
     flip(project_log_path(root), b'"A"')
     p, port = await trio.to_thread.run_sync(lambda: start_serve(root))
     try:
-        from server.client import open_client
+        from sessionlog_store.server.edge.client import open_client
         async with open_client("127.0.0.1", port, TOKEN) as c:
             assert [x["id"] for x in (await c.request("list_projects"))["projects"]] == ["default"]
             assert (await c.request("list_sessions"))["total"] == 0

@@ -8,9 +8,10 @@ import json
 import trio
 from trio_websocket import open_websocket
 
-from server.agent import DemoAgent
-from server.store import StoreConfig
-from server.ws import Server, ServerConfig, serve_store
+from sessionlog_store.server.agents.demo import DemoAgent
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.edge.ws import Server, ServerConfig
+from sessionlog_store.server.run import serve_store
 
 from .test_ws import TOKEN, raw_http
 
@@ -48,7 +49,7 @@ async def handshake(port: int, path: str, host: str, extra: str = "") -> tuple[b
 
 
 def _req(xff: str):  # type: ignore[no-untyped-def]
-    from server.ws import _Request
+    from sessionlog_store.server.edge.ws import _Request
     return _Request("GET", "/", {"host": "chat.example", "x-forwarded-for": xff})
 
 
@@ -136,7 +137,7 @@ async def test_keepalive_spares_a_client_whose_own_request_is_slow(root, nursery
     pongs sit unread behind them; that is not the client's fault."""
     import time as _time
 
-    from eventstore.fsio import FileOps
+    from sessionlog_store.eventstore.fsio import FileOps
 
     class StallingFS(FileOps):
         stall = 0.0

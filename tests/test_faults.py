@@ -11,8 +11,8 @@ import threading
 import pytest
 import trio
 
-from eventstore import FileOps, StoreBroken
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore import FileOps, StoreBroken
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .conftest import read_logs
 
@@ -144,9 +144,10 @@ async def test_a_failed_checkpoint_is_logged_and_the_store_goes_on(root, site, e
 
 
 async def test_clients_get_a_clear_error_when_the_disk_fails(root, nursery):
-    from server.agent import DemoAgent
-    from server.client import ServerError, open_client
-    from server.ws import Server, ServerConfig, serve_store
+    from sessionlog_store.server.agents.demo import DemoAgent
+    from sessionlog_store.server.edge.client import ServerError, open_client
+    from sessionlog_store.server.edge.ws import Server, ServerConfig
+    from sessionlog_store.server.run import serve_store
     fs = FaultyFS("sync", errno.EIO, permanent=True)
     ready = trio.Event()
     holder: dict[str, Server] = {}

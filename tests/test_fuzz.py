@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio_websocket import open_websocket
 
-from server import protocol as p
-from server.agent import DemoAgent
-from server.client import open_client
-from server.store import StoreConfig
-from server.ws import Server, ServerConfig, serve_store
+from sessionlog_store.server.edge import protocol as p
+from sessionlog_store.server.agents.demo import DemoAgent
+from sessionlog_store.server.edge.client import open_client
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.edge.ws import Server, ServerConfig
+from sessionlog_store.server.run import serve_store
 
 FIELDS = {c.__struct_config__.tag: [f.name for f in msgspec.structs.fields(c)]  # type: ignore[attr-defined]
           for c in p.ClientAction.__args__}  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket
 
-from server import protocol as p
+from sessionlog_store.server.edge import protocol as p
 
 from .test_ws import TOKEN, log_content, start_server
 

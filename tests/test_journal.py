@@ -11,11 +11,11 @@ import zlib
 import pytest
 import trio
 
-from eventstore import open_event_store
-from eventstore.events import SessionCreated, SessionDeleted, SessionRenamed
-from eventstore.fsio import OS_FILES
-from eventstore.journal import apply_journal, decode_frames, encode_frame, journal_dir, list_segments
-from eventstore.log import log_path, read_log, scan
+from sessionlog_store.eventstore import open_event_store
+from sessionlog_store.eventstore.events import SessionCreated, SessionDeleted, SessionRenamed
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.journal import apply_journal, decode_frames, encode_frame, journal_dir, list_segments
+from sessionlog_store.eventstore.log import log_path, read_log, scan
 
 from .conftest import child, read_logs
 from .simdisk import RecordingFS, crash_image
@@ -194,7 +194,7 @@ def test_a_log_shorter_than_its_synced_part_is_reported_not_patched(tmp_path):
 
 STREAM_AND_WAIT = r"""
 import sys, trio
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 async def main():
     cfg = StoreConfig(journal_sync_interval=3600)
     async with open_session_store(sys.argv[1], config=cfg) as store:
@@ -211,7 +211,7 @@ trio.run(main)
 
 
 async def test_sigkill_mid_stream_then_a_start_applies_and_removes_the_journal(root):
-    from server.store import open_session_store
+    from sessionlog_store.server.domain.store import open_session_store
     p = child(STREAM_AND_WAIT, root)
     assert p.stdout is not None
     line = await trio.to_thread.run_sync(p.stdout.readline)
@@ -271,8 +271,8 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
     the journal only until a restart; reads (which go on) fold them in."""
     import errno
 
-    from eventstore.fsio import FileOps
-    from server.store import StoreConfig, open_session_store
+    from sessionlog_store.eventstore.fsio import FileOps
+    from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
     class FailLog(FileOps):
         target = ""
@@ -304,7 +304,7 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
 
 
 def test_verify_lists_a_kept_damaged_journal(tmp_path):
-    from projections.rebuild import verify
+    from sessionlog_store.projections.rebuild import verify
 
     async def work(es) -> None:  # type: ignore[no-untyped-def]
         await es.create("s", [SessionCreated(session_id="s", created_at=1.0)])

@@ -8,16 +8,16 @@ import time
 
 import pytest
 
-from eventstore.events import MessageCreated
-from eventstore.log import list_session_ids, log_path, scan
-from eventstore.fsio import OS_FILES
-from eventstore.journal import apply_journal
+from sessionlog_store.eventstore.events import MessageCreated
+from sessionlog_store.eventstore.log import list_session_ids, log_path, scan
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.journal import apply_journal
 
 from .conftest import child
 
 APPENDER = r"""
 import random, sys, trio
-from server.store import open_session_store
+from sessionlog_store.server.domain.store import open_session_store
 root = sys.argv[1]
 async def main():
     async with open_session_store(root) as store:

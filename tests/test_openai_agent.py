@@ -9,9 +9,11 @@ import json
 import pytest
 import trio
 
-from server.agent import DemoAgent
-from server.store import StoreConfig
-from server.ws import Server, ServerConfig, load_agents, serve_store
+from sessionlog_store.server.agents.demo import DemoAgent
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.edge.ws import Server, ServerConfig
+from sessionlog_store.server.run import serve_store
+from sessionlog_store.server.agents import load_agents
 
 from .test_ws import TOKEN
 
@@ -78,12 +80,12 @@ async def serve_with(nursery: trio.Nursery, root: str, agent, agents=None) -> Se
 
 
 async def test_an_openai_compatible_stream_becomes_a_reply_a_tool_call_and_token_counts(root, nursery):
-    from server.openai_agent import OpenAIAgent
+    from sessionlog_store.server.agents.openai_compat import OpenAIAgent
     requests: list[dict] = []
     port = await fake_openai(nursery, requests)
     agents = {"gpt": OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")}
     server = await serve_with(nursery, root, DemoAgent(speed=0), agents)
-    from server.client import open_client
+    from sessionlog_store.server.edge.client import open_client
     async with open_client("127.0.0.1", server.port, TOKEN) as c:
         ack = await c.request("chat", content="what is durable?", agent_id="gpt")
         sid, rid = ack["session_id"], ack["reply_id"]
@@ -103,9 +105,9 @@ async def test_an_openai_compatible_stream_becomes_a_reply_a_tool_call_and_token
 
 
 def test_agents_are_loaded_by_flag_and_bad_specs_say_why():
-    agents = load_agents(["demo2=server.agent:DemoAgent"])
+    agents = load_agents(["demo2=sessionlog_store.server.agents.demo:DemoAgent"])
     assert isinstance(agents["demo2"], DemoAgent)
-    for bad in ("nofactory", "x=server.agent", "x=no.such.module:f"):
+    for bad in ("nofactory", "x=sessionlog_store.server.agents.demo", "x=no.such.module:f"):
         with pytest.raises((ValueError, ImportError)):
             load_agents([bad])
 
@@ -113,10 +115,10 @@ def test_agents_are_loaded_by_flag_and_bad_specs_say_why():
 async def test_a_stream_cut_off_upstream_ends_as_an_error_with_its_text(root, nursery):
     """Review finding: a stream that ends without a finish_reason (the
     upstream died, or answered without streaming) is not a `done` reply."""
-    from server.openai_agent import OpenAIAgent
+    from sessionlog_store.server.agents.openai_compat import OpenAIAgent
     port = await fake_openai(nursery, [], [chunk({"content": "Hello, the answer is"})])
     server = await serve_with(nursery, root, OpenAIAgent("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k"))
-    from server.client import open_client
+    from sessionlog_store.server.edge.client import open_client
     async with open_client("127.0.0.1", server.port, TOKEN) as c:
         ack = await c.request("chat", content="hi")
         await c.follow(ack["session_id"])

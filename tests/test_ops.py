@@ -10,11 +10,12 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from eventstore import StoreBroken
-from eventstore.fsio import FileOps
-from server.agent import DemoAgent
-from server.store import StoreConfig
-from server.ws import Server, ServerConfig, serve_store
+from sessionlog_store.eventstore import StoreBroken
+from sessionlog_store.eventstore.fsio import FileOps
+from sessionlog_store.server.agents.demo import DemoAgent
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.edge.ws import Server, ServerConfig
+from sessionlog_store.server.run import serve_store
 
 from .test_ws import TOKEN, raw_http, start_server
 
@@ -109,7 +110,7 @@ def test_json_logs_name_their_logger_and_the_remote_and_never_the_token(root):
     from .conftest import ROOT
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     token = "tok-never-in-logs-123"
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--root", root, "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "sessionlog_store", "serve", "--root", root, "--port", "0",
                              "--token", token, "--log-format", "json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -17,10 +17,10 @@ import msgspec
 import pytest
 import trio
 
-from eventstore.fsio import OS_FILES
-from eventstore.log import log_path
-from projections.recovery import recover_registry
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import log_path
+from sessionlog_store.projections.recovery import recover_registry
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .simdisk import MODES, RecordingFS, crash_image
 
@@ -217,9 +217,9 @@ def test_repair_under_a_power_cut_at_every_point(tmp_path):
     """`sessionlog repair` (item 9): at every cut point the removed bytes are
     either still in the log or saved under a durable name, and no cache
     reflects the log past the cut."""
-    from eventstore.log import read_log, scan
-    from projections.rebuild import repair
-    from projections.recovery import load_session_state
+    from sessionlog_store.eventstore.log import read_log, scan
+    from sessionlog_store.projections.rebuild import repair
+    from sessionlog_store.projections.recovery import load_session_state
     live = str(tmp_path / "live")
 
     async def make() -> str:

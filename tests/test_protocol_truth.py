@@ -10,11 +10,11 @@ import os
 import pytest
 import trio
 
-from eventstore.fsio import OS_FILES
-from eventstore.log import read_log, scan
-from projections.registry import ROW_FIELDS
-from server.client import Client, ServerError
-from server.store import StoreConfig
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.projections.registry import ROW_FIELDS
+from sessionlog_store.server.edge.client import Client, ServerError
+from sessionlog_store.server.domain.store import StoreConfig
 
 from .conftest import run_cli
 from .test_ws import start_server
@@ -128,11 +128,11 @@ async def test_every_subscription_ends_with_a_terminal_update_on_delete(root, nu
 
 
 async def test_every_subscription_ends_when_the_store_stops(root):
-    from server.store import open_session_store
+    from sessionlog_store.server.domain.store import open_session_store
     async with open_session_store(root) as store:
         meta, _ = await store.create_session(first_message="x")
         # A placeholder left running by another process: no producer here.
-        from eventstore.events import MessageCreated
+        from sessionlog_store.eventstore.events import MessageCreated
         await store.es.append(meta.id, MessageCreated(msg_id="elsewhere", role="assistant", kind="llm_reply",
                                                       status="running"))
         sub = await store.subscribe(meta.id, "elsewhere")
@@ -261,7 +261,7 @@ async def test_list_running_names_every_running_reply(root, nursery):
 
 def test_maintenance_dry_run_and_retention_flags(root):
     async def make() -> str:
-        from server.store import open_session_store
+        from sessionlog_store.server.domain.store import open_session_store
         async with open_session_store(root) as store:
             meta, _ = await store.create_session()  # an empty shell
             await store.create_session(first_message="kept")
@@ -284,8 +284,8 @@ def test_maintenance_dry_run_and_retention_flags(root):
 async def test_every_subscription_ends_when_the_store_fails(root):
     import errno
 
-    from eventstore import StoreBroken
-    from server.store import open_session_store
+    from sessionlog_store.eventstore import StoreBroken
+    from sessionlog_store.server.domain.store import open_session_store
 
     from .test_faults import FaultyFS
     fs = FaultyFS("write", errno.EIO, permanent=True)
@@ -320,8 +320,8 @@ async def test_every_subscription_ends_when_the_store_fails(root):
 async def test_startup_logs_one_summary_line_of_maintenance(root, caplog):
     import logging
 
-    from projections.maintenance import MaintenanceConfig
-    from server.store import open_session_store
+    from sessionlog_store.projections.maintenance import MaintenanceConfig
+    from sessionlog_store.server.domain.store import open_session_store
     async with open_session_store(root) as store:
         await store.create_session()
         await store.create_session()
@@ -336,7 +336,7 @@ async def test_startup_logs_one_summary_line_of_maintenance(root, caplog):
 
 
 def test_the_feed_answers_exactly_or_says_relist():
-    from server.feed import ChangeFeed
+    from sessionlog_store.server.domain.feed import ChangeFeed
     feed = ChangeFeed(history=3)
     start = feed.position
     for k in range(3):

@@ -9,11 +9,11 @@ import random
 import msgspec
 import trio
 
-from eventstore.fsio import OS_FILES
-from eventstore.log import SESSIONS_DIR, read_log, scan
-from projections.rebuild import verify
-from projections.recovery import fold_until
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import SESSIONS_DIR, read_log, scan
+from sessionlog_store.projections.rebuild import verify
+from sessionlog_store.projections.recovery import fold_until
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 ENC = msgspec.json.Encoder()
 

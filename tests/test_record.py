@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from eventstore.events import MessageCreated, MessageProgress, SessionCreated, SessionRenamed
-from eventstore.log import scan
-from eventstore.record import MAX_RECORD_BYTES, RecordError, decode_record, encode_record
-from eventstore.errors import RecordTooLarge
+from sessionlog_store.eventstore.events import MessageCreated, MessageProgress, SessionCreated, SessionRenamed
+from sessionlog_store.eventstore.log import scan
+from sessionlog_store.eventstore.record import MAX_RECORD_BYTES, RecordError, decode_record, encode_record
+from sessionlog_store.eventstore.errors import RecordTooLarge
 
 EVENTS = [SessionCreated(session_id="s1", title="t"), MessageCreated(msg_id="m", content="hé\n\"x\""),
           MessageProgress(msg_id="m", content_delta="\u2028\x00", offset=3), SessionRenamed(title="")]
@@ -96,7 +96,7 @@ def test_scan_seq_gap_is_corruption():
 
 
 def test_meta_only_decoding_checks_progress_records_without_reading_them():
-    from eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
+    from sessionlog_store.eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
     prog = encode_record(4, 2.5, MessageProgress(msg_id="m", content_delta='"type":"session_renamed"', offset=1))
     rec = decode_record_for_meta(prog)
     assert (rec.seq, rec.ts, rec.event) == (4, 2.5, PROGRESS_STANDIN)
@@ -114,7 +114,7 @@ def test_progress_records_are_written_short_and_old_long_ones_still_read():
     written before (`message_progress` with long names) read the same."""
     import zlib
 
-    from eventstore.events import MessageProgress
+    from sessionlog_store.eventstore.events import MessageProgress
     ev = MessageProgress(msg_id="m1", content_delta="ab", offset=4, partial_tokens_used={"input": 1, "output": 2})
     line = encode_record(3, 1.5, ev)
     assert b'"type":"p","m":"m1","d":"ab","o":4,"u":' in line
@@ -123,14 +123,14 @@ def test_progress_records_are_written_short_and_old_long_ones_still_read():
     old = b'{"crc":"%08x",%s\n' % (zlib.crc32(rest), rest)
     assert decode_record(old).event == decode_record(line).event == ev
     assert type(decode_record(old).event) is MessageProgress
-    from eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
+    from sessionlog_store.eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
     assert decode_record_for_meta(old).event == decode_record_for_meta(line).event == PROGRESS_STANDIN
 
 
 def test_the_one_pass_decoder_agrees_with_the_line_by_line_one():
     """scan decodes a good log in one msgspec pass; any line it cannot vouch
     for sends it back to the line-by-line path, which reports it."""
-    from eventstore.record import decode_lines
+    from sessionlog_store.eventstore.record import decode_lines
     good = [encode_record(i, 1.0 + i, ev) for i, ev in enumerate(
         [SessionCreated(session_id="s"), MessageProgress(msg_id="m", content_delta="a,b}{", offset=0),
          SessionRenamed(title='x"},{"crc":"')], 1)]
@@ -152,7 +152,7 @@ def test_the_one_pass_decoder_never_reads_objects_across_lines():
     share lines decode as one array; the one-pass path must hand them back."""
     import zlib
 
-    from eventstore.record import decode_lines
+    from sessionlog_store.eventstore.record import decode_lines
 
     def line(rest: bytes) -> bytes:
         return b'{"crc":"%08x",%s' % (zlib.crc32(rest), rest)

@@ -11,13 +11,13 @@ import msgspec
 import trio
 from trio_websocket import open_websocket
 
-from eventstore import open_event_store
-from eventstore.events import MessageCreated, MessageFinalized, SessionCreated, SessionRenamed
-from eventstore.fsio import OS_FILES
-from eventstore.journal import apply_journal, decode_frames, list_segments
-from eventstore.log import log_path, read_log, scan
-from projections.recovery import load_session_state
-from server.subscriptions import FRAME_BYTES, MsgUpdate, split_update
+from sessionlog_store.eventstore import open_event_store
+from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated, SessionRenamed
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.journal import apply_journal, decode_frames, list_segments
+from sessionlog_store.eventstore.log import log_path, read_log, scan
+from sessionlog_store.projections.recovery import load_session_state
+from sessionlog_store.server.domain.subscriptions import FRAME_BYTES, MsgUpdate, split_update
 
 from .test_ws import TOKEN, start_server
 

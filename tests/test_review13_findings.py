@@ -8,12 +8,12 @@ import signal
 import pytest
 import trio
 
-from eventstore.errors import SessionReadOnly
-from eventstore.events import MessageCreated
-from eventstore.log import log_path
-from projections.maintenance import MaintenanceConfig
-from server.client import ServerError, open_client
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.errors import SessionReadOnly
+from sessionlog_store.eventstore.events import MessageCreated
+from sessionlog_store.eventstore.log import log_path
+from sessionlog_store.projections.maintenance import MaintenanceConfig
+from sessionlog_store.server.edge.client import ServerError, open_client
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .conftest import run_cli
 from .test_damage_more import flip, two_sessions
@@ -180,7 +180,7 @@ async def test_rows_patched_from_pushes_follow_a_relocation(root, nursery, tmp_p
 
 async def test_verify_accepts_a_snapshot_of_the_older_format(root):
     import json
-    from projections.checkpoint import snapshot_path
+    from sessionlog_store.projections.checkpoint import snapshot_path
     async with open_session_store(root, config=StoreConfig(snapshot_interval=0)) as store:
         meta, _ = await store.create_session(first_message="x")
         await store.load_session(meta.id)

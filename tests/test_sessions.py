@@ -9,15 +9,15 @@ import msgspec
 import pytest
 import trio
 
-from eventstore import FileOps
-from eventstore.log import log_path
-from eventstore.fsio import OS_FILES
-from projections.maintenance import MaintenanceConfig
-from projections.recovery import recover_registry
-from projections.session import truncate_preview
-from server.errors import BadRequest, Conflict, NotFound
-from server.store import FROZEN_ERROR, StoreConfig, open_session_store
-from server.titles import title_from_text
+from sessionlog_store.eventstore import FileOps
+from sessionlog_store.eventstore.log import log_path
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.projections.maintenance import MaintenanceConfig
+from sessionlog_store.projections.recovery import recover_registry
+from sessionlog_store.projections.session import truncate_preview
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
+from sessionlog_store.server.domain.store import FROZEN_ERROR, StoreConfig, open_session_store
+from sessionlog_store.server.domain.titles import title_from_text
 
 from .conftest import read_logs
 
@@ -92,7 +92,7 @@ async def test_registry_checkpoint_is_debounced_and_flushed_on_shutdown(root, mo
     # threads finish before the clock moves on.
     mock_clock.autojump_threshold = 0.05
     import msgspec
-    from projections.checkpoint import IndexCheckpoint
+    from sessionlog_store.projections.checkpoint import IndexCheckpoint
 
     def on_disk(sid: str) -> str | None:
         ck = msgspec.json.decode(open(os.path.join(root, "index.json"), "rb").read(), type=IndexCheckpoint)

@@ -20,12 +20,12 @@ import time
 import pytest
 import trio
 
-from eventstore.fsio import lock_root
-from projections.checkpoint import read_index
-from eventstore.fsio import OS_FILES
-from eventstore.log import read_log, scan
-from server.client import open_client
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.fsio import lock_root
+from sessionlog_store.projections.checkpoint import read_index
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.server.edge.client import open_client
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .conftest import ROOT
 
@@ -36,7 +36,7 @@ def start_serve(root: str, *extra: str, code: str | None = None) -> tuple[subpro
     """A real `sessionlog serve` (or `code` calling run_server) on port 0; returns it and its port."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     args = ["serve", "--root", root, "--port", "0", "--token", TOKEN, *extra]
-    cmd = [sys.executable, "-m", "server.cli", *args] if code is None else [sys.executable, "-c", code, *args]
+    cmd = [sys.executable, "-m", "sessionlog_store", *args] if code is None else [sys.executable, "-c", code, *args]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert p.stdout is not None
     deadline = time.monotonic() + 30
@@ -92,7 +92,7 @@ async def test_a_signal_while_replies_stream_stops_cleanly(root, sig):
     assert "Traceback" not in err
     ckpt, how = read_index(OS_FILES, root)
     assert how == "loaded" and ckpt is not None and ckpt.written_at >= signalled
-    from projections.checkpoint import read_snapshot
+    from sessionlog_store.projections.checkpoint import read_snapshot
     for mid, (sid, text) in seen.items():
         assert ckpt.sessions[sid].seq == log_last_seq(root, sid), "the checkpoint covers the finalize"
         snap = read_snapshot(OS_FILES, root, sid)  # the sessions whose replies the stop ended: snapshotted
@@ -104,8 +104,8 @@ async def test_a_signal_while_replies_stream_stops_cleanly(root, sig):
 
 STUBBORN = r"""
 import sys, time, trio
-from server.cli import build_parser
-from server.ws import run_server
+from sessionlog_store.server.cli import build_parser
+from sessionlog_store.server.run import run_server
 
 class Stubborn:
     async def respond(self, store, session_id, history, reply):

@@ -23,12 +23,12 @@ import time
 import pytest
 import trio
 
-from eventstore import RecordTooLarge
-from eventstore.fsio import OS_FILES
-from eventstore.log import SESSIONS_DIR, read_log, scan
-from eventstore.record import MAX_RECORD_BYTES
-from server.client import ServerError, open_client
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore import RecordTooLarge
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import SESSIONS_DIR, read_log, scan
+from sessionlog_store.eventstore.record import MAX_RECORD_BYTES
+from sessionlog_store.server.edge.client import ServerError, open_client
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .test_stop import TOKEN, start_serve
 

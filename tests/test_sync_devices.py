@@ -8,9 +8,9 @@ import threading
 
 import trio
 
-from eventstore.fsio import FileOps
-from eventstore.log import SESSIONS_DIR, session_dir
-from server.store import StoreConfig, open_session_store
+from sessionlog_store.eventstore.fsio import FileOps
+from sessionlog_store.eventstore.log import SESSIONS_DIR, session_dir
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 
 class SyncRecorder(FileOps):

@@ -16,11 +16,11 @@ import time
 import pytest
 import trio
 
-from eventstore.events import MessageCreated, MessageFinalized
-from eventstore.fsio import OS_FILES
-from eventstore.journal import apply_journal
-from eventstore.log import scan
-from server.client import ServerError, open_client
+from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.journal import apply_journal
+from sessionlog_store.eventstore.log import scan
+from sessionlog_store.server.edge.client import ServerError, open_client
 
 from .conftest import ROOT, read_logs
 
@@ -30,7 +30,7 @@ TOKEN = "torture"
 
 def spawn(root: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--root", root, "--port", "0",
+    return subprocess.Popen([sys.executable, "-m", "sessionlog_store", "serve", "--root", root, "--port", "0",
                              "--token", TOKEN, "--agent-speed", "200", "--log-level", "WARNING"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
 

@@ -14,12 +14,13 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket
 
-from eventstore.fsio import OS_FILES
-from projections.recovery import load_session_state
-from server.agent import DemoAgent
-from server.client import ServerError, open_client
-from server.store import StoreConfig
-from server.ws import Server, ServerConfig, serve_store
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.projections.recovery import load_session_state
+from sessionlog_store.server.agents.demo import DemoAgent
+from sessionlog_store.server.edge.client import ServerError, open_client
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.edge.ws import Server, ServerConfig
+from sessionlog_store.server.run import serve_store
 
 from .conftest import ROOT, read_logs
 
@@ -276,7 +277,7 @@ async def test_a_client_that_stops_reading_is_dropped_while_others_stream_on(roo
 
 def start_serve_process(root: str) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--root", root, "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "sessionlog_store", "serve", "--root", root, "--port", "0",
                              "--token", TOKEN, "--agent-speed", "40"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
@@ -346,7 +347,7 @@ async def test_errors_carry_request_ids_and_codes(server):
 
 
 def test_error_codes_are_documented():
-    from server.protocol import ERROR_CODES
+    from sessionlog_store.server.edge.protocol import ERROR_CODES
     doc = open(os.path.join(ROOT, "docs", "PROTOCOL.md")).read()
     for code in ERROR_CODES:
         assert f"`{code}`" in doc, code
@@ -359,7 +360,7 @@ async def test_a_slow_reader_gets_its_updates_coalesced_not_dropped(root, nurser
     into one update, and the content it assembles is exact."""
     import json
 
-    from eventstore.events import MessageProgress
+    from sessionlog_store.eventstore.events import MessageProgress
     from trio_websocket import wrap_client_stream
     server = await start_server(nursery, root, send_timeout=10.0, progress_interval=0.01)
     store = server.store

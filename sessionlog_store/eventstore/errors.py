@@ -5,7 +5,7 @@ from __future__ import annotations
 class SessionlogError(Exception):
     """Base of every error this project raises on purpose: catch it to catch
     them all (the event store's, EventStoreError, and the service's,
-    server.errors.ServiceError)."""
+    sessionlog_store.server.domain.errors.ServiceError)."""
 
 
 class EventStoreError(SessionlogError):

@@ -47,12 +47,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from eventstore.errors import CorruptRecord, TornTail
-from eventstore.events import SessionDeleted
-from eventstore.fsio import FileOps
-from eventstore.journal import JournalRecovery, apply_journal
-from eventstore.record import Record
-from eventstore.log import LOG_NAME, log_path, read_log, repair_torn_tail, scan, session_dir, session_folders
+from sessionlog_store.eventstore.errors import CorruptRecord, TornTail
+from sessionlog_store.eventstore.events import SessionDeleted
+from sessionlog_store.eventstore.fsio import FileOps
+from sessionlog_store.eventstore.journal import JournalRecovery, apply_journal
+from sessionlog_store.eventstore.record import Record
+from sessionlog_store.eventstore.log import LOG_NAME, log_path, read_log, repair_torn_tail, scan, session_dir, session_folders
 
 from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, IndexCheckpoint, index_path, read_index, read_snapshot,
                          snapshot_path)

@@ -2,7 +2,7 @@
 them) that the WebSocket layer sends back as is."""
 from __future__ import annotations
 
-from eventstore.errors import SessionlogError
+from sessionlog_store.eventstore.errors import SessionlogError
 
 
 class ServiceError(SessionlogError):

@@ -12,13 +12,13 @@ from typing import Final
 import msgspec
 import trio
 
-from eventstore.errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
-from eventstore.events import ProjectCreated, ProjectMoved
-from eventstore.fsio import FileOps
-from eventstore.log import append_durable, project_log_path, repair_torn_tail, scan
-from eventstore.record import encode_record
+from sessionlog_store.eventstore.errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
+from sessionlog_store.eventstore.events import ProjectCreated, ProjectMoved
+from sessionlog_store.eventstore.fsio import FileOps
+from sessionlog_store.eventstore.log import append_durable, project_log_path, repair_torn_tail, scan
+from sessionlog_store.eventstore.record import encode_record
 
-from .errors import BadRequest, Conflict, NotFound
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
 
 DEFAULT_PROJECT_ID: Final = "default"
 

@@ -23,28 +23,28 @@ from typing import Any, Literal
 import msgspec
 import trio
 
-from eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists,
+from sessionlog_store.eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists,
                         SessionReadOnly, StoreBroken,
                         SyncMode, UnknownSession, new_session_id, open_event_store, validate_session_id)
-from eventstore.events import (Event, HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
+from sessionlog_store.eventstore.events import (Event, HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
                                SessionRenamed)
-from eventstore.log import read_log, scan
-from eventstore.record import decode_record
-from projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index, encode_snapshot,
+from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.eventstore.record import decode_record
+from sessionlog_store.projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index, encode_snapshot,
                                     write_index, write_snapshot)
-from projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
-from projections.maintenance import MaintenanceConfig, MaintenancePlan, plan_maintenance
-from projections.recovery import RecoveryReport, check_prefix, fold_until, load_session_state, recover_registry
-from projections.registry import ROW_ATTRS, InvalidFilter, Registry
-from projections.session import MessageSnapshot, SessionMeta, SessionState
+from sessionlog_store.projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
+from sessionlog_store.projections.maintenance import MaintenanceConfig, MaintenancePlan, plan_maintenance
+from sessionlog_store.projections.recovery import RecoveryReport, check_prefix, fold_until, load_session_state, recover_registry
+from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
+from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
 
-from .errors import BadRequest, Conflict, NotFound
-from .feed import ChangeFeed
-from .inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, InflightMessage, ThrottledSaver, scrub_surrogates
-from .projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
-from .subscriptions import MsgUpdate, Subscription, SubscriptionHub
-from .titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
+from sessionlog_store.server.domain.feed import ChangeFeed
+from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, InflightMessage, ThrottledSaver, scrub_surrogates
+from sessionlog_store.server.domain.projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
+from sessionlog_store.server.domain.subscriptions import MsgUpdate, Subscription, SubscriptionHub
+from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
 
 log = logging.getLogger("sessionlog.store")
 
@@ -63,7 +63,7 @@ class StoreConfig:
     snapshot_interval: float = 2.0        # snapshot.json debounce for running sessions
     progress_interval: float = PROGRESS_INTERVAL
     progress_slots: int | None = None     # phases of the saver's interval (None: SLOTS with the journal, else 1;
-                                          # see server/inflight.py SLOTS)
+                                          # see server/domain/inflight.py SLOTS)
     stall_timeout: float = STALL_TIMEOUT
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     sync_mode: SyncMode = "journal"       # see eventstore/commit.py and journal.py

@@ -1,6 +1,6 @@
 """The WebSocket protocol, pure: client frames as one tagged union on `action`,
 server frames as `{"type": ..., "data": {...}, "request_id"?}`. No sockets
-here; server/ws.py is the adapter. docs/PROTOCOL.md documents every field.
+here; server/edge/ws.py is the adapter. docs/PROTOCOL.md documents every field.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the reply; each tool call the model makes becomes a `tool_call` message
 stream, with `{"tool": name, "tool_call_id": id}` in its metadata; token
 usage (`stream_options.include_usage`) goes to the reply's token counts.
 
-Plug it in with `sessionlog serve --agent NAME=server.openai_agent:from_env`:
+Plug it in with `sessionlog serve --agent NAME=sessionlog_store.server.agents.openai_compat:from_env`:
 sessions created with that `agent_id` are answered by it. `from_env` reads
 `SESSIONLOG_OPENAI_MODEL` (required), `OPENAI_BASE_URL` and `OPENAI_API_KEY`
 (as the `openai` package does; a local server needs no key).
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-from projections.session import MessageSnapshot
+from sessionlog_store.projections.session import MessageSnapshot
 
-from .inflight import InflightMessage
+from sessionlog_store.server.domain.inflight import InflightMessage
 
 if TYPE_CHECKING:
-    from .store import SessionStore
+    from sessionlog_store.server.domain.store import SessionStore
 
 _ROLES = frozenset({"system", "user", "assistant"})
 

@@ -19,31 +19,26 @@ import logging
 import mimetypes
 import os
 import secrets
-import signal
-import sys
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
-from eventstore.fsio import OS_FILES, FileOps
-from eventstore.ids import validate_session_id
-from eventstore.errors import (EventStoreError, InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
-                               StoreClosed, UnknownSession)
-from projections.session import SessionState
-
-from . import protocol as p
-from .agent import Agent, DemoAgent
-from .errors import NotFound, ServiceError
-from .gc_policy import tune_gc
-from .store import SessionStore, StoreConfig, open_session_store
-from .metrics import CONTENT_TYPE as METRICS_TYPE
-from .metrics import ServerMetrics, readiness
-from .subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
+from sessionlog_store.eventstore.errors import (EventStoreError, InvalidSessionId, RecordTooLarge,
+                                                SessionReadOnly, StoreBroken, StoreClosed, UnknownSession)
+from sessionlog_store.eventstore.ids import validate_session_id
+from sessionlog_store.projections.session import SessionState
+from sessionlog_store.server.agents.base import Agent
+from sessionlog_store.server.domain.errors import NotFound, ServiceError
+from sessionlog_store.server.domain.store import SessionStore
+from sessionlog_store.server.domain.subscriptions import (TERMINAL, MsgUpdate, Subscription, merge_updates,
+                                                          split_update)
+from sessionlog_store.server.edge import protocol as p
+from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
+from sessionlog_store.server.edge.metrics import ServerMetrics, readiness
 
 log = logging.getLogger("sessionlog.ws")
 
@@ -305,7 +300,7 @@ class Server:
     async def _ops(self, stream: trio.abc.Stream, req: _Request) -> None:
         """Probes and metrics: no Host check and no token (a Kubernetes probe or
         a Prometheus scrape addresses the pod, not a name), nothing in them but
-        counts and states (server/metrics.py)."""
+        counts and states (server/edge/metrics.py)."""
         head = req.method == "HEAD"
         path = urlsplit(req.target).path
         if path == "/metrics" and req.headers.get("host", "").lower() not in self.allowed_hosts():
@@ -527,6 +522,7 @@ class Connection:
         self.dropped = False
         self.remote = "?"  # the client's address, for the log
         self.handling = False  # a request of this client is being answered
+        self.handled_until = 0.0  # when the last one was answered (trio clock)
         # Frames queued and not yet written to the socket. (The channel's buffer
         # alone does not say: a frame handed straight to a waiting sender task
         # is in neither.)
@@ -578,14 +574,17 @@ class Connection:
         cfg = self.server.config
         while True:
             await trio.sleep(cfg.ping_interval)
+            sent = trio.current_time()
             with trio.move_on_after(cfg.ping_timeout):
                 try:
                     await self.ws.ping()
                 except ConnectionClosed:
                     return
                 continue
-            if self.handling:
-                continue  # our own slow request holds its frames (and pongs) unread: not the client's fault
+            if self.handling or self.handled_until >= sent:
+                # our own slow request held its frames (and the pong queued
+                # behind them) unread while the ping waited: not the client's fault
+                continue
             self.drop(f"no pong within {cfg.ping_timeout:g} s")
             return
 
@@ -628,6 +627,7 @@ class Connection:
                     await self.handle(req)
                 finally:
                     self.handling = False
+                    self.handled_until = trio.current_time()
             except p.ProtocolError as e:
                 self.send_nowait(p.encode_error(e.code, e.message, e.action, e.request_id))
             except Exception as e:  # one bad frame never ends the connection
@@ -779,153 +779,3 @@ class Connection:
         for sub in list(self.subs.values()):
             sub.close()
         self.subs.clear()
-
-
-async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = None,
-                      agents: dict[str, Agent] | None = None,
-                      store_config: StoreConfig | None = None,
-                      on_ready: Callable[[Server], None] | None = None, fs: FileOps = OS_FILES) -> None:
-    """Open the store (recovering first), serve until cancelled, shut down gracefully."""
-    async with open_session_store(root, config=store_config, fs=fs) as store:
-        server = Server(store, config, agent or DemoAgent(), agents)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve)
-            tune_gc()
-            if on_ready is not None:
-                on_ready(server)
-
-
-# `sessionlog serve` exit codes (documented in the README).
-EXIT_OK: Final = 0             # stopped by SIGINT/SIGTERM, everything finalized and checkpointed
-EXIT_STARTUP: Final = 3        # could not start: root locked or unusable, port in use, a damaged store file
-EXIT_STOP_TIMEOUT: Final = 4   # the stop took longer than --stop-grace (or a second signal came)
-EXIT_STORE_FAILED: Final = 5   # the store failed while serving (a write or sync error); restart to recover
-# How long a graceful stop may take before the server exits anyway.
-STOP_GRACE: Final = 10.0
-
-
-def _leaf_errors(e: BaseException) -> list[BaseException]:
-    if isinstance(e, BaseExceptionGroup):
-        return [leaf for sub in e.exceptions for leaf in _leaf_errors(sub)]
-    return [e]
-
-
-def load_agents(specs: Sequence[str]) -> dict[str, Agent]:
-    """`NAME=module:factory` each: the factory (called with no argument) makes
-    the agent that answers sessions whose `agent_id` is NAME."""
-    import importlib
-    out: dict[str, Agent] = {}
-    for spec in specs:
-        name, sep, target = spec.partition("=")
-        module, sep2, attr = target.partition(":")
-        if not (sep and sep2 and name and module and attr):
-            raise ValueError(f"{spec!r} is not NAME=module:factory")
-        out[name] = getattr(importlib.import_module(module), attr)()
-    return out
-
-
-def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConfig | None = None) -> int:
-    """`sessionlog serve`: run until SIGINT or SIGTERM, then stop gracefully:
-    running replies are finalized `aborted` "server shutdown" with their text
-    and the checkpoints are written. A stop that takes longer than
-    `args.stop_grace` seconds (a producer that ignores cancellation, a disk
-    that does not answer), or a second signal, finalizes what it can and
-    exits with EXIT_STOP_TIMEOUT; it never hangs. Startup failures print one
-    line and exit with EXIT_STARTUP."""
-    try:
-        config = ServerConfig(host=args.host, port=args.port, allowed_origins=tuple(args.allow_origin),
-                              allowed_hosts=tuple(getattr(args, "allowed_host", ())),
-                              public_url=getattr(args, "public_url", None),
-                              forwarded_allow_ips=tuple(getattr(args, "forwarded_allow_ips", ())),
-                              root_path=getattr(args, "root_path", "") or "",
-                              ping_interval=getattr(args, "ws_ping_interval", 20.0),
-                              ping_timeout=getattr(args, "ws_ping_interval", 20.0))
-    except ValueError as e:
-        print(f"sessionlog: error: {e}", file=sys.stderr)
-        return EXIT_STARTUP
-    if args.token:
-        config.token = args.token
-    root = os.path.abspath(args.root)
-    grace = float(getattr(args, "stop_grace", STOP_GRACE))
-    try:
-        agents = load_agents(getattr(args, "agent", ()))
-    except (ValueError, ImportError, AttributeError) as e:
-        print(f"sessionlog: error: --agent: {e}", file=sys.stderr)
-        return EXIT_STARTUP
-    started: list[Server] = []
-
-    def ready(server: Server) -> None:
-        started.append(server)
-        host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-        print(f"sessionlog: data in {root}", flush=True)
-        base = f"http://{host}:{server.port}{config.root_path}/"
-        if sys.stdout.isatty():  # a person at a terminal: the URL to open
-            print(f"sessionlog: serving {base}?token={quote(config.token, safe='')}", flush=True)
-            return
-        # stdout is a log (journald, docker logs): the token is not written there
-        if args.token:
-            print(f"sessionlog: serving {base} (token: as configured)", flush=True)
-        else:
-            path = os.path.join(root, ".token")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(config.token + "\n")
-            print(f"sessionlog: serving {base} (token: in {path}, readable by this user only)", flush=True)
-
-    def give_up(why: str) -> None:
-        print(f"sessionlog: error: {why}; exiting with what is durable (replies still running are "
-              "marked aborted by the next start)", file=sys.stderr, flush=True)
-        os._exit(EXIT_STOP_TIMEOUT)
-
-    async def watchdog() -> None:
-        """Runs once a stop has begun; the process exits before it wakes
-        unless the stop is stuck."""
-        await trio.sleep(grace)
-        if started:  # finalize what can still be finalized, briefly
-            with trio.move_on_after(min(2.0, grace)):
-                await started[0].store.abort_running("server shutdown")
-        give_up(f"the stop took longer than {grace:g} s (--stop-grace)")
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            serving = trio.CancelScope()
-            stopping: list[int] = []
-
-            async def on_signal() -> None:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
-                    async for sig in sigs:
-                        if stopping:
-                            give_up(f"a second {signal.Signals(sig).name} during the stop")
-                        log.info("received %s: stopping (grace %g s)", signal.Signals(sig).name, grace)
-                        stopping.append(sig)
-                        nursery.start_soon(watchdog)
-                        nursery.start_soon(stop)
-
-            async def stop() -> None:
-                with trio.CancelScope(shield=True):
-                    if started:
-                        with trio.move_on_after(grace / 2):
-                            await started[0].prepare_stop()
-                serving.cancel()
-            nursery.start_soon(on_signal)
-            with serving:
-                await serve_store(root, config, agent=agent or agents.pop("default", None)
-                                  or DemoAgent(speed=args.agent_speed), agents=agents,
-                                  store_config=store_config, on_ready=ready)
-            nursery.cancel_scope.cancel()
-    try:
-        trio.run(main)
-    except BaseException as e:  # noqa: BLE001 - sorted below: known failures are one line
-        errors = _leaf_errors(e)
-        if not all(isinstance(x, EventStoreError | OSError | ValueError) for x in errors):
-            raise
-        for x in errors:
-            print(f"sessionlog: error: {x}", file=sys.stderr)
-        return EXIT_STORE_FAILED if started else EXIT_STARTUP
-    failure = started[0].store.failure() if started else None
-    if failure is not None:
-        print(f"sessionlog: error: the store failed while serving ({failure}); restart to recover",
-              file=sys.stderr)
-        return EXIT_STORE_FAILED
-    log.info("stopped: every reply finalized, the logs synced, index.json written")
-    return EXIT_OK

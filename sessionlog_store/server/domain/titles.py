@@ -14,12 +14,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Protocol
 
-from projections.session import MessageSnapshot, SessionState
+from sessionlog_store.projections.session import MessageSnapshot, SessionState
 
-from .errors import NotFound
+from sessionlog_store.server.domain.errors import NotFound
 
 if TYPE_CHECKING:
-    from .store import SessionStore
+    from sessionlog_store.server.domain.store import SessionStore
 
 log = logging.getLogger("sessionlog.titles")
 

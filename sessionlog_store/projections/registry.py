@@ -11,8 +11,8 @@ from typing import Any, Final
 import msgspec
 from sortedcontainers import SortedKeyList
 
-from eventstore.events import MessageProgress
-from eventstore.record import Record
+from sessionlog_store.eventstore.events import MessageProgress
+from sessionlog_store.eventstore.record import Record
 
 from .session import SessionMeta, apply_meta
 

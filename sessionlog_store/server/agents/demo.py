@@ -1,8 +1,4 @@
-"""Agents answer a chat turn as an in-flight message.
-
-`Agent` is the interface a real LLM plugs into: `respond()` gets the store,
-the session, the conversation so far and the live reply handle, and writes
-into it. `DemoAgent` is built in: offline and deterministic, it streams a
+"""The demo agent. `DemoAgent` is built in: offline and deterministic, it streams a
 reply token by token at a realistic pace (30 tokens/s by default), and for
 some prompts runs a tool call and an agentic function with a growing tree, so
 every in-flight kind can be seen.
@@ -12,21 +8,16 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
-from projections.session import MessageSnapshot
+from sessionlog_store.projections.session import MessageSnapshot
 
-from .inflight import InflightMessage
+from sessionlog_store.server.domain.inflight import InflightMessage
 
 if TYPE_CHECKING:
-    from .store import SessionStore
-
-
-class Agent(Protocol):
-    async def respond(self, store: SessionStore, session_id: str, history: Sequence[MessageSnapshot],
-                      reply: InflightMessage) -> None: ...
+    from sessionlog_store.server.domain.store import SessionStore
 
 
 _SENTENCES = [

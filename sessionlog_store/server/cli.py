@@ -6,10 +6,10 @@ import os
 import sys
 from typing import Final
 
-from eventstore.errors import EventStoreError
-from eventstore.fsio import OS_FILES, lock_root
+from sessionlog_store.eventstore.errors import EventStoreError
+from sessionlog_store.eventstore.fsio import OS_FILES, lock_root
 
-from .logs import LOG_FORMATS, setup_logging
+from sessionlog_store.server.logs import LOG_FORMATS, setup_logging
 
 ENV_ROOT: Final = "SESSIONLOG_ROOT"
 DISTRIBUTION: Final = "sessionlog-store"
@@ -24,7 +24,7 @@ def version() -> str:
     except PackageNotFoundError:
         return "(not installed)"
 
-# Exit codes of every command (serve adds its own, see server/ws.py; the README lists them all).
+# Exit codes of every command (serve adds its own, see server/edge/ws.py; the README lists them all).
 EXIT_OK: Final = 0
 EXIT_PROBLEMS: Final = 1   # verify found problems; rebuild left sessions quarantined
 EXIT_USAGE: Final = 2      # a bad command line (argparse)
@@ -64,7 +64,7 @@ class CannotRun(Exception):
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from projections.rebuild import rebuild
+    from sessionlog_store.projections.rebuild import rebuild
     root = _existing_store(args.root)
     fd = lock_root(root)
     try:
@@ -80,7 +80,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from projections.rebuild import verify
+    from sessionlog_store.projections.rebuild import verify
     n, problems = verify(OS_FILES, _existing_store(args.root), progress=_progress("verify"))
     for p in problems:
         print(p)
@@ -89,7 +89,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from projections.rebuild import inspect
+    from sessionlog_store.projections.rebuild import inspect
     out = sys.stdout.buffer
     for line in inspect(OS_FILES, _existing_store(args.root), args.session_id, args.after):
         out.write(line + b"\n")
@@ -98,13 +98,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from projections.rebuild import repair, repair_projects
+    from sessionlog_store.projections.rebuild import repair, repair_projects
     if args.target is None and not args.project_log:
         raise CannotRun("repair needs a session id, `projects`, or --project-log")
     root = _existing_store(args.root)
     fd = lock_root(root)
     try:
-        from eventstore.log import log_path
+        from sessionlog_store.eventstore.log import log_path
         # `projects` names the project log, unless a session has that id (then
         # `--project-log` names the project log).
         if args.project_log or (args.target == PROJECTS_TARGET and not os.path.exists(log_path(root, PROJECTS_TARGET))):
@@ -117,15 +117,15 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def maintenance_config(args: argparse.Namespace):
-    from projections.maintenance import DAY, MaintenanceConfig
+    from sessionlog_store.projections.maintenance import DAY, MaintenanceConfig
     return MaintenanceConfig(empty_shell_age=args.empty_shell_age, archive_ttl=args.archive_ttl_days * DAY,
                              max_sessions=args.max_sessions)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     args.forwarded_allow_ips = [ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()]
-    from .store import StoreConfig
-    from .ws import run_server
+    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.run import run_server
     return run_server(args, store_config=StoreConfig(
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
         journal_sync_interval=args.journal_sync_interval, progress_interval=args.progress_interval,
@@ -138,8 +138,8 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
     """What the next start's maintenance removes (--dry-run), or run it now."""
     import time
 
-    from projections.maintenance import plan_maintenance
-    from projections.recovery import recover_registry
+    from sessionlog_store.projections.maintenance import plan_maintenance
+    from sessionlog_store.projections.recovery import recover_registry
     root = _existing_store(args.root)
     cfg = maintenance_config(args)
     if args.dry_run:
@@ -153,7 +153,7 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
         return EXIT_OK
     import trio
 
-    from .store import StoreConfig, open_session_store
+    from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
     async def run() -> None:
         async with open_session_store(root, config=StoreConfig(maintenance=cfg)) as store:
@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--agent-speed", type=float, default=30.0, help="demo agent tokens per second")
     s.add_argument("--agent", action="append", default=[], metavar="NAME=module:factory",
                    help="the agent that answers sessions whose agent_id is NAME (repeatable; `default` replaces the "
-                        "demo agent), e.g. gpt=server.openai_agent:from_env")
+                        "demo agent), e.g. gpt=sessionlog_store.server.agents.openai_compat:from_env")
     _retention(s)
     s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",
                    help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway with code 4")

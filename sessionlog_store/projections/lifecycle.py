@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from eventstore.events import Status
+from sessionlog_store.eventstore.events import Status
 
 MESSAGE_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "pending": frozenset({"running", "done", "error", "aborted"}),

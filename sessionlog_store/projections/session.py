@@ -14,10 +14,10 @@ from typing import Any
 
 import msgspec
 
-from eventstore.events import (HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
+from sessionlog_store.eventstore.events import (HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
                                ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
                                SessionRenamed)
-from eventstore.record import Record
+from sessionlog_store.eventstore.record import Record
 
 from .lifecycle import OPEN_STATUSES, can_move
 

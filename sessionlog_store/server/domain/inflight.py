@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 import trio
 
-from eventstore.errors import RecordTooLarge, SessionReadOnly, StoreBroken, StoreClosed, UnknownSession
-from eventstore.events import EVENT_ENCODER, MessageProgress
-from eventstore.record import MAX_RECORD_BYTES
+from sessionlog_store.eventstore.errors import RecordTooLarge, SessionReadOnly, StoreBroken, StoreClosed, UnknownSession
+from sessionlog_store.eventstore.events import EVENT_ENCODER, MessageProgress
+from sessionlog_store.eventstore.record import MAX_RECORD_BYTES
 
 log = logging.getLogger("sessionlog.inflight")
 
 if TYPE_CHECKING:
-    from eventstore.commit import EventStore
+    from sessionlog_store.eventstore.commit import EventStore
 
 # spec/inflight-state.md: "throttled at ~250ms".
 PROGRESS_INTERVAL: Final = 0.250

@@ -1,0 +1,1 @@
+"""The session store's domain: commands to events, queries to projections, the in-flight saver, subscriptions, titles, projects. Imports eventstore and projections only; never server.edge or server.agents."""

@@ -1,0 +1,1 @@
+"""The network edge: HTTP (h11) and WebSocket adapters, the wire protocol, metrics, the page and a Python client. Imports server.domain and the Agent interface of server.agents; the domain never imports it."""
