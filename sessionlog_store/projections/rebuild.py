@@ -20,13 +20,11 @@ from sessionlog_store.eventstore.fsio import FileOps
 from sessionlog_store.eventstore.journal import list_segments
 from sessionlog_store.eventstore.ids import validate_session_id
 from sessionlog_store.eventstore.log import LOG_NAME, log_path, project_log_path, read_log, scan, session_folders
-from sessionlog_store.eventstore.record import Record
 
 from .checkpoint import (IndexCheckpoint, SessionEntry, SessionSnapshot, encode_index, encode_snapshot,
                          index_path, read_index, read_snapshot, snapshot_is_older_format, snapshot_path,
                          write_index, write_snapshot)
 from .recovery import fold_until, load_session_state, recover_registry
-from .session import SessionState
 
 Progress = Callable[[int, int], None]
 

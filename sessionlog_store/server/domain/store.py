@@ -18,42 +18,37 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import trio
 
-from sessionlog_store.eventstore import (Appended, EventStore, EventStoreError, FileOps, OS_FILES, Record, SessionExists,
-                        SessionReadOnly, StoreBroken,
-                        SyncMode, UnknownSession, new_session_id, open_event_store, validate_session_id)
-from sessionlog_store.eventstore.events import (Event, HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
-                               ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
-                               SessionRenamed)
-from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.eventstore import (OS_FILES, Appended, EventStore, EventStoreError, FileOps, Record, SessionExists,
+                                         SessionReadOnly, StoreBroken, SyncMode, UnknownSession, new_session_id,
+                                         open_event_store, validate_session_id)
+from sessionlog_store.eventstore.errors import CorruptRecord
+from sessionlog_store.eventstore.events import (Event, MessageCreated, MessageFinalized, MessageProgress,
+                                                ProjectBound, ProjectRelocated, SessionCreated, SessionDeleted,
+                                                SessionFlags, SessionRenamed)
 from sessionlog_store.eventstore.record import decode_record
-from sessionlog_store.projections.checkpoint import (IndexCheckpoint, SessionEntry, encode_index, encode_snapshot,
-                                    write_index, write_snapshot)
-from sessionlog_store.projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
-from sessionlog_store.projections.maintenance import MaintenanceConfig, MaintenancePlan, plan_maintenance
-from sessionlog_store.projections.recovery import RecoveryReport, check_prefix, fold_until, load_session_state, recover_registry
+from sessionlog_store.projections.maintenance import MaintenanceConfig
+from sessionlog_store.projections.recovery import RecoveryReport, load_session_state
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
-
+from sessionlog_store.server.domain.caches import Caches
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
 from sessionlog_store.server.domain.feed import ChangeFeed
-from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, InflightMessage, ThrottledSaver, scrub_surrogates
+from sessionlog_store.server.domain.fields import FLAG_FIELDS, TITLE_FIELDS, UpdateFields, row_of, valid_kind
+from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, ThrottledSaver
 from sessionlog_store.server.domain.projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
-from sessionlog_store.server.domain.subscriptions import MsgUpdate, Subscription, SubscriptionHub
+from sessionlog_store.server.domain.replies import Replies
+from sessionlog_store.server.domain.startup import PrefixCheck, start
+from sessionlog_store.server.domain.subscriptions import MsgUpdate, SubscriptionHub
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
 
 log = logging.getLogger("sessionlog.store")
 
 FROZEN_ERROR = "project is frozen after the first turn"
-# Snapshots written at a graceful stop (of the sessions whose messages had
-# ended since the last debounce); the rest are rebuilt from the logs' tails.
-STOP_SNAPSHOTS = 64
-# A producer's exception is logged in its finalize record, cut to this length.
-MAX_ERROR_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -75,40 +70,11 @@ class StoreConfig:
     check_after_start: bool = True
 
 
-class UpdateFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The fields update_session accepts (all optional)."""
-    title: str | msgspec.UnsetType = msgspec.UNSET
-    status: Literal["idle", "running"] | msgspec.UnsetType = msgspec.UNSET
-    pinned: bool | msgspec.UnsetType = msgspec.UNSET
-    archived: bool | msgspec.UnsetType = msgspec.UNSET
-    unread: bool | msgspec.UnsetType = msgspec.UNSET
-    user_titled: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="_user_titled")
-    auto_titled: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="_auto_titled")
-    title_gen_count: int | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="_title_gen_count")
-
-
-_TITLE_FIELDS = {"title": "title", "user_titled": "_user_titled", "auto_titled": "_auto_titled",
-                 "title_gen_count": "_title_gen_count"}
-_FLAG_FIELDS = ("pinned", "unread", "archived", "status")
-
 Watcher = Callable[[str, dict[str, Any]], None]
 _FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"})
 
 
-def row_of(meta: SessionMeta, project: ProjectView | None, damaged: str | None = None) -> dict[str, Any]:
-    """The 17-field listing row: the stored fields, preview and project; a
-    quarantined session's row has an 18th, `damaged` (what is wrong)."""
-    row = msgspec.to_builtins(meta)
-    del row["open_msgs"]
-    if damaged is not None:
-        row["damaged"] = damaged
-        row["status"] = "idle"  # a damaged session is never written to: nothing runs in it
-    row["project"] = None if project is None else {
-        "id": project.id, "name": project.name, "path": project.path, "path_missing": project.path_missing}
-    return row
-
-
-class SessionStore:
+class SessionStore(Replies):
     """Use `open_session_store()`."""
 
     def __init__(self, root: str, es: EventStore, fs: FileOps, config: StoreConfig,
@@ -134,15 +100,10 @@ class SessionStore:
         self._states: OrderedDict[str, SessionState] = OrderedDict()
         self._loading: dict[str, list[tuple[Record, int]]] = {}
         self._load_done: dict[str, trio.Event] = {}
-        self._ckpt_dirty = trio.Event()
-        self._snap_dirty: set[str] = set()
-        self._snap_wake = trio.Event()
-        self._ckpt_lock = trio.Lock()
-        self._snap_lock = trio.Lock()
+        self.caches = Caches(self)
         self._nursery: trio.Nursery | None = None
-        self._unchecked: dict[str, None] = {}   # sessions whose skipped log prefix is not checked yet
-        self._checking: dict[str, trio.Event] = {}
-        self.checked = trio.Event()    # the background check of the skipped log prefixes is done
+        self.prefix_check = PrefixCheck(self)
+        self.checked = self.prefix_check.done  # the background check of the skipped log prefixes is done
         self.shutting_down = False
         self.publishing = 0  # terminal updates waiting for their record to be durable
         es.listeners.append(self._on_record)
@@ -167,13 +128,11 @@ class SessionStore:
                     content_delta=ev.content_delta, status="running", tree=ev.context_tree,
                     tokens=ev.partial_tokens_used, durable_seq=self.es.durable_seq(sid)))
             return
-        if not self._ckpt_dirty.is_set():
-            self._ckpt_dirty.set()
+        self.caches.registry_changed()
         if old_row is not None and sid not in self._row_before:
             self._row_before[sid] = old_row
         if isinstance(ev, MessageFinalized | MessageCreated | ProjectRelocated):
-            self._snap_dirty.add(sid)
-            self._snap_wake.set()
+            self.caches.session_changed(sid)
             if not isinstance(ev, MessageFinalized) and state is not None and self.watchers:
                 node = state.messages.get(ev.msg_id if isinstance(ev, MessageCreated) else ev.node_id)
                 if node is not None:
@@ -386,19 +345,20 @@ class SessionStore:
         state = await self.load_session(session_id)
         if parent_id is not None and parent_id not in state.messages:
             raise NotFound("unknown_message", f"unknown message {parent_id!r}")
-        if not _valid_kind(role, kind) or not isinstance(content, str):
+        if not valid_kind(role, kind) or not isinstance(content, str):
             raise BadRequest("bad_field", f"bad role {role!r}, kind {kind!r} or content")
         msg_id = new_session_id()
-        await self._append(session_id, MessageCreated(
+        await self.append_events(session_id, MessageCreated(
             msg_id=msg_id, role=role, kind=kind, parent_id=parent_id or state.head,  # type: ignore[arg-type]
             content=content, started_at=time.time(), metadata=metadata or {}))
         if role == "assistant":
             self._after_reply(session_id)
         return msg_id
 
-    async def _append(self, session_id: str, *events: Event) -> list[Appended]:
-        if self._unchecked or self._checking:
-            await self._ensure_checked(session_id)
+    async def append_events(self, session_id: str, *events: Event) -> list[Appended]:
+        """Append events to a session durably (its skipped log prefix checked first)."""
+        if self.prefix_check.pending:
+            await self.prefix_check.ensure(session_id)
         try:
             return await self.es.append_many(session_id, events)
         except UnknownSession:
@@ -419,13 +379,13 @@ class SessionStore:
             raise BadRequest("bad_field", f"update_session: {e}") from None
         changed: dict[str, Any] = {}
         title_kw: dict[str, Any] = {}
-        for attr, wire in _TITLE_FIELDS.items():
+        for attr, wire in TITLE_FIELDS.items():
             v = getattr(upd, attr)
             if v is not msgspec.UNSET and v != getattr(meta, attr):
                 changed[wire] = v
                 title_kw[attr] = v
         flag_kw = {}
-        for attr in _FLAG_FIELDS:
+        for attr in FLAG_FIELDS:
             v = getattr(upd, attr)
             if v is not msgspec.UNSET and v != getattr(meta, attr):
                 changed[attr] = v
@@ -436,7 +396,7 @@ class SessionStore:
         if flag_kw:
             events.append(SessionFlags(**flag_kw))
         if events:
-            await self._append(session_id, *events)  # the row's change is pushed by _after_append
+            await self.append_events(session_id, *events)  # the row's change is pushed by _after_append
         return changed
 
     async def rename_session(self, session_id: str, title: str) -> dict[str, Any]:
@@ -472,15 +432,15 @@ class SessionStore:
         # user asked). A crash during that removal leaves the session listed as
         # damaged again, or an orphan folder that verify reports.
         damaged = session_id in self.es and self.es.corruption(session_id) is not None
-        seq = 0 if damaged else (await self._append(session_id, SessionDeleted()))[0].record.seq
+        seq = 0 if damaged else (await self.append_events(session_id, SessionDeleted()))[0].record.seq
         self.hub.end(session_id, "session deleted", seq=seq)
         self._states.pop(session_id, None)
-        self._snap_dirty.discard(session_id)
+        self.caches.snapshot_dirty.discard(session_id)
         # A snapshot being written into the folder finishes first; none starts
         # after (write_snapshot checks, under the same lock, that the session
         # is still there): the folder is removed whole, nothing is left behind.
         try:
-            async with self._snap_lock:
+            async with self.caches.snapshot_lock:
                 await self.es.remove(session_id)
         finally:
             # The tombstone is durable: the session is gone for every client even
@@ -506,14 +466,6 @@ class SessionStore:
 
     # -- projects ---------------------------------------------------------
 
-    def list_running(self) -> list[dict[str, Any]]:
-        """Every message running in this process, across sessions, oldest first:
-        session, message, kind, role, caller, started_at and its length so far."""
-        out = [{"session_id": m.session_id, "msg_id": m.msg_id, "kind": m.kind, "role": m.role,
-                "caller": m.caller, "started_at": m.started_at, "length": m.length}
-               for m in self.saver.active.values() if not m.finished]
-        return sorted(out, key=lambda r: r["started_at"])
-
     def list_projects(self) -> list[ProjectView]:
         return self.projects.list()
 
@@ -537,7 +489,7 @@ class SessionStore:
             return {}
         if meta.message_count > 0:
             raise Conflict("project_frozen", FROZEN_ERROR)
-        await self._append(session_id, ProjectBound(project_id=project_id))
+        await self.append_events(session_id, ProjectBound(project_id=project_id))
         return {"project_id": project_id}
 
     async def relocate_project(self, session_id: str, project_id: str, path: str) -> dict[str, Any]:
@@ -557,7 +509,7 @@ class SessionStore:
         await self.load_session(session_id)  # loaded: watchers are told of the node (message_created)
         old, new = await self.projects.relocate(project_id, path)
         node_id = new_session_id()
-        await self._append(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,
+        await self.append_events(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,
                                                         old_path=old, path=new))
         # Every bound session's row shows the project's new path: say so.
         project = row_of(self.get_meta(session_id), self._project_view(project_id))["project"]
@@ -566,402 +518,46 @@ class SessionStore:
                 self._notify("session_updated", {"id": sid, "project": dict(project)})
         return {"ok": True, "old_path": old, "path": new, "node_id": node_id}
 
-    # -- in-flight ----------------------------------------------------------
-
-    @asynccontextmanager
-    async def inflight(self, session_id: str, *, kind: str = "llm_reply", role: str = "assistant",
-                       parent_id: str | None = None, caller: str | None = None,
-                       metadata: dict[str, Any] | None = None) -> AsyncIterator[InflightMessage]:
-        """Run in-flight work as a message: a durable placeholder before the block,
-        throttled progress while it runs, and a durable terminal state after it:
-        done on a normal exit, error on an exception, aborted on cancellation
-        (with the reason: "stopped by user", "stalled", "server shutdown").
-        `parent_id`: None = the current head, "" = a root message."""
-        state = await self.load_session(session_id)
-        if not _valid_kind(role, kind) or kind in ("chat", "relocate"):
-            raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
-        if parent_id and parent_id not in state.messages:
-            raise NotFound("unknown_message", f"unknown message {parent_id!r}")
-        if self.shutting_down:
-            raise Conflict("shutting_down", "the server is shutting down")
-        msg_id = new_session_id()
-        parent = state.head if parent_id is None else (parent_id or None)  # "": a root message
-        moves_head = caller is None and parent != state.head  # a retry: a sibling branch becomes current
-        placeholder = MessageCreated(msg_id=msg_id, role=role, kind=kind,  # type: ignore[arg-type]
-                                     parent_id=parent, caller=caller, status="running",
-                                     started_at=time.time(), metadata=metadata or {})
-        events: list[Event] = [placeholder]
-        if state.meta is not None and state.meta.status != "running":
-            events.append(SessionFlags(status="running"))
-        msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent, caller,
-                              placeholder.started_at or 0.0)
-        with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
-            appended = await self._append(session_id, *events)
-        if moves_head:
-            self._notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
-        # Live (stoppable, watched) only once its placeholder is durable.
-        msg.last_activity = trio.current_time()
-        self.saver.start(msg)
-        if self.shutting_down:  # a stop began while the placeholder was written: it ends at once
-            msg.abort_reason = "server shutdown"
-            msg.scope.cancel()
-        status, error, reason = "done", None, None
-        try:
-            with msg.scope:
-                yield msg
-            if msg.scope.cancelled_caught:
-                status, reason = "aborted", msg.abort_reason or "stopped by user"
-        except trio.Cancelled:
-            status, reason = "aborted", msg.abort_reason or "server shutdown"
-            raise
-        except BaseException as e:
-            status, error = "error", scrub_surrogates(f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS])
-            raise
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._finalize(msg, status, error=error, reason=reason)
-
-    async def _finalize(self, msg: InflightMessage, status: str, *, error: str | None = None,
-                        reason: str | None = None) -> None:
-        if msg.finished:
-            return
-        self.saver.flush(msg)
-        msg.finished = True
-        self.saver.end(msg)
-        if (msg.session_id not in self.registry or self.es.broken is not None
-                or msg.session_id not in self.es or self.es.corruption(msg.session_id) is not None):
-            return  # deleted, the store failed, or quarantined: no finalize can be written
-        tokens = dict(msg.tokens) if any(msg.tokens.values()) else None
-        events: list[Event] = [MessageFinalized(msg_id=msg.msg_id, status=status,  # type: ignore[arg-type]
-                                                error=error, aborted_reason=reason, tokens=tokens)]
-        meta = self.registry.get(msg.session_id)
-        if meta is not None and set(meta.open_msgs) <= {msg.msg_id} and meta.status == "running":
-            events.append(SessionFlags(status="idle"))
-        await self._append(msg.session_id, *events)
-        if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
-            self._after_reply(msg.session_id)
-
-    async def finalize_message(self, session_id: str, msg_id: str, status: str, *,
-                               content: str | None = None, error: str | None = None,
-                               reason: str | None = None) -> None:
-        """Finalize a message that has no live producer in this process (a
-        placeholder created elsewhere). Illegal transitions raise and change nothing."""
-        state, m = await self._message(session_id, msg_id)
-        check_move(msg_id, m.status, status)
-        live = self.saver.active.get((session_id, msg_id))
-        if live is not None:
-            self.saver.flush(live)
-            live.finished = True
-            self.saver.end(live)
-        await self._append(session_id, MessageFinalized(msg_id=msg_id, status=status,  # type: ignore[arg-type]
-                                                        content=content, error=error, aborted_reason=reason))
-
-    def stop(self, session_id: str, msg_id: str) -> bool:
-        """Cancel a running message; it is finalized aborted "stopped by user".
-        False when no producer of it runs here."""
-        msg = self.saver.active.get((session_id, msg_id))
-        if msg is None:
-            return False
-        msg.abort_reason = "stopped by user"
-        msg.scope.cancel()
-        return True
-
-    async def _message(self, session_id: str, msg_id: str) -> tuple[SessionState, MessageSnapshot]:
-        """A loaded session and one of its messages (NotFound when unknown)."""
-        state = await self.load_session(session_id)
-        m = state.messages.get(msg_id)
-        if m is None:
-            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
-        return state, m
-
-    async def retry_target(self, session_id: str, msg_id: str) -> MessageSnapshot:
-        """The message to retry (a finished conversational reply); the retry runs
-        as a new in-flight message with the same parent (a sibling branch)."""
-        state, m = await self._message(session_id, msg_id)
-        if m.status not in TERMINAL_STATUSES:
-            raise Conflict("message_running", f"message {msg_id} is still {m.status}")
-        if m.role != "assistant" or m.caller is not None:
-            raise Conflict("not_retryable", f"message {msg_id} is not an assistant reply")
-        return m
-
-    async def switch_branch(self, session_id: str, msg_id: str) -> str:
-        """Show the branch through `msg_id` (a sibling a retry or regenerate
-        made, or any conversational message): head moves to the tip that branch
-        had when it was last shown (`SessionState.leaf_of`), durably. Returns
-        the new head; every client watching the session is told (`head_moved`)."""
-        state, m = await self._message(session_id, msg_id)
-        if m.caller is not None:
-            raise BadRequest("not_conversational", f"message {msg_id} is a {m.kind} node, not on a branch")
-        head = state.leaf_of(msg_id)
-        if head != state.head:
-            appended = await self._append(session_id, HeadMoved(head=head))
-            self._notify("head_moved", {"session_id": session_id, "head": head, "seq": appended[0].record.seq})
-        return head
-
-    @asynccontextmanager
-    async def retry(self, session_id: str, msg_id: str) -> AsyncIterator[InflightMessage]:
-        """A new reply on a sibling branch of `msg_id` (same parent); head moves to it."""
-        m = await self.retry_target(session_id, msg_id)
-        async with self.inflight(session_id, kind=m.kind, role=m.role, parent_id=m.parent_id or "") as msg:
-            yield msg
-
-    async def subscribe(self, session_id: str, msg_id: str, *, offset: int | None = None,
-                        after_seq: int | None = None) -> Subscription:
-        """Subscribe to a message's updates. Say what you have (`offset`: characters
-        of content; or `after_seq`: the seq your copy is as of) and the first update
-        holds exactly the rest, then the live tail; it ends at a terminal status."""
-        state = await self.load_session(session_id)
-        if msg_id not in state.messages:
-            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
-        have = 0
-        if offset is not None:
-            have = offset
-        elif after_seq is not None:
-            have = await self._length_at(session_id, msg_id, after_seq)
-        m = state.messages.get(msg_id)
-        if m is not None and m.status in TERMINAL_STATUSES and m.seq > self.es.durable_seq(session_id):
-            await self.es.wait_durable(session_id, m.seq)  # terminal states are shown once durable
-            m = state.messages.get(msg_id)
-        if m is None:
-            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
-        if have < 0 or have > len(m.content):
-            raise BadRequest("bad_offset", f"offset {have} is outside the message's {len(m.content)} characters")
-        if session_id not in self.registry or session_id not in self.es:  # deleted while we waited
-            raise NotFound("unknown_session", f"session {session_id!r} was deleted")
-        sub = self.hub.add(session_id, msg_id, have)
-        sub.push(MsgUpdate(session_id=session_id, msg_id=msg_id, seq=m.seq, offset=0, content_delta=m.content,
-                           status=m.status, tree=m.metadata.get("context_tree"),
-                           tokens=m.metadata.get("partial_tokens_used") if m.tokens is None else m.tokens,
-                           error=m.error, aborted_reason=m.metadata.get("aborted_reason"),
-                           durable_seq=self.es.durable_seq(session_id)))
-        if m.status in OPEN_STATUSES and (session_id, msg_id) not in self.saver.active:
-            # No producer here will ever finalize it: say so now rather than never.
-            why = ("store failure" if self.failure() is not None
-                   else "session quarantined" if self.es.corruption(session_id) is not None
-                   else "server shutdown" if self.shutting_down else None)
-            if why is not None:
-                self.hub.end(session_id, why, msg_id=msg_id, seq=m.seq)
-        return sub
-
-    async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
-        """How long the message's content was as of `seq` (read from the log)."""
-        await self._flush_for_read()
-        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
-        extra = self.es.unwritten(session_id)
-        if extra:  # a failed log write: what only the journal holds follows the written part
-            data = data[:self.es.durable_end(session_id)] + extra
-        state = fold_until(scan(session_id, data).records, data, seq)
-        m = state.messages.get(msg_id)
-        return len(m.content) if m is not None else 0
-
     # -- titles -------------------------------------------------------------
 
     def _after_reply(self, session_id: str) -> None:
         if self._nursery is not None and not self.shutting_down:
             self._nursery.start_soon(maybe_auto_title, self, session_id)
 
-    # -- checkpoints --------------------------------------------------------
+    # -- caches and checks --------------------------------------------------
 
     async def write_checkpoint(self) -> int:
         """Write index.json with every row whose state is durable. Returns rows written."""
-        async with self._ckpt_lock:
-            await self.es.flush()
-            entries = {}
-            es = self.es
-            for sid, meta in self.registry.rows.items():
-                mark = self.registry.marks.get(sid)
-                if mark is None or sid not in es or es.corruption(sid) is not None:
-                    continue  # a quarantined session is never checkpointed: startup replays it
-                if mark.meta_seq <= es.written_seq(sid):
-                    entries[sid] = SessionEntry(seq=es.written_seq(sid), end=es.durable_end(sid), meta=meta)
-            data = encode_index(IndexCheckpoint(written_at=time.time(), sessions=entries))
-            await trio.to_thread.run_sync(write_index, self.fs, self.root, data)
-            return len(entries)
+        return await self.caches.write_index()
 
     async def write_snapshot(self, session_id: str) -> bool:
         """Write a loaded session's snapshot.json as of a durable seq."""
-        state = self._states.get(session_id)
-        if state is None or session_id not in self.es:
-            return False
-        if state.seq > self.es.durable_seq(session_id):
-            await self.es.wait_durable(session_id, state.seq)
-        state = self._states.get(session_id)
-        if state is None or session_id not in self.es or state.seq > self.es.durable_seq(session_id):
-            return False
-        data = encode_snapshot(state)
-        async with self._snap_lock:
-            if session_id not in self.es or self._states.get(session_id) is not state:
-                return False  # deleted (or reloaded) while waiting
-            await trio.to_thread.run_sync(write_snapshot, self.fs, self.root, session_id, data)
-        return True
+        return await self.caches.write_snapshot(session_id)
 
-    async def _checkpoint_loop(self) -> None:
-        while True:
-            await self._ckpt_dirty.wait()
-            await trio.sleep(self.config.checkpoint_interval)
-            self._ckpt_dirty = trio.Event()
-            await self._cache_write(self.write_checkpoint)
-
-    async def _snapshot_loop(self) -> None:
-        while True:
-            await self._snap_wake.wait()
-            await trio.sleep(self.config.snapshot_interval)
-            self._snap_wake = trio.Event()
-            dirty, self._snap_dirty = self._snap_dirty, set()
-            for sid in dirty:
-                await self._cache_write(self.write_snapshot, sid)
-
-    async def _cache_write(self, write: Callable[..., Any], *args: Any) -> None:
-        """Checkpoints are caches: a failed write leaves the old file (the temp
-        file is never renamed over it), is logged, and a later debounce writes a
-        new file. A broken log store ends the attempts."""
-        if self.es.broken is not None:
-            return
-        try:
-            await write(*args)
-        except (OSError, EventStoreError) as e:
-            log.error("writing a checkpoint failed (the logs are intact; startup will replay more): %s", e)
-
-    # -- startup / shutdown -------------------------------------------------
-
-    async def _start(self) -> None:
-        registry, found, report = await trio.to_thread.run_sync(recover_registry, self.fs, self.root)
-        report.journal = self.es.journal_recovery  # applied when the event store opened
-        self.recovery = report
-        for sid, rec in found.items():
-            self.es.register(sid, rec.seq, rec.end, rec.corrupt)
-        self.registry = registry
-        if self.config.check_after_start:
-            self._unchecked = dict.fromkeys(report.tail_replayed)
-        await trio.to_thread.run_sync(self.projects.load_sync)
-        said: list[tuple[int, str, list[Any]]] = [
-            (logging.WARNING, "%s", report.torn),
-            (logging.ERROR, "%s: session quarantined (read-only) until `sessionlog repair`", report.quarantined),
-            (logging.INFO, "finished the interrupted deletion of session %s", report.unfinished_deletions),
-            (logging.INFO, "removed the interrupted creation of session %s (it was never acknowledged)",
-             report.unfinished_creations),
-            (logging.WARNING, "orphan folder: %s", report.orphans),
-            (logging.INFO, "removed a left-over file: %s", report.temp_files),
-            (logging.WARNING, "%s", report.journal.notes)]
-        for level, fmt, items in said:
-            for item in items:
-                log.log(level, fmt, item)
-        if self.projects.torn is not None:
-            log.warning("%s", self.projects.torn)
-        if self.projects.damage is not None:
-            log.error("%s: the project log is read-only (projects up to the damage are served) until "
-                      "`sessionlog repair projects`", self.projects.damage)
-        # The abort sweep: nothing is running whose writer is gone. A session
-        # is checked (the part of its log the checkpoint let recovery skip)
-        # before it is written to; one found damaged is left alone.
-        for sid, meta in list(registry.rows.items()):
-            if meta.open_msgs and await self._writable_at_start(sid):
-                events: list[Event] = [MessageFinalized(msg_id=m, status="aborted", aborted_reason="worker restart")
-                                       for m in meta.open_msgs]
-                await self._append(sid, *events)
-                self.aborted_at_start += [(sid, m) for m in meta.open_msgs]
-        # Maintenance in the spec's order, over the healthy sessions (what
-        # `sessionlog maintenance --dry-run` plans too).
-        healthy = [m for sid, m in self.registry.rows.items() if self.es.corruption(sid) is None]
-        plan = plan_maintenance(healthy, time.time(), self.config.maintenance)
-        done = MaintenancePlan()
-        for sid in plan.to_idle:
-            if await self._writable_at_start(sid):
-                await self._append(sid, SessionFlags(status="idle"))
-                done.to_idle.append(sid)
-        kinds = {"empty shell": done.empty_shells, "archive expired": done.expired_archives,
-                 "over capacity": done.over_capacity}
-        for sid, why in plan.removals():
-            if await self._writable_at_start(sid):
-                await self.delete_session(sid)
-                self.removed_at_start.append((sid, why))
-                kinds[why].append(sid)
-                log.debug("removed session %s at startup: %s", sid, why)
-        log.info("%s", done.summary(len(self.aborted_at_start)))
-        await self._cache_write(self.write_checkpoint)
-        r = self.recovery
-        log.info("started: %d sessions, %d records replayed (%d full replays, %d tails), %d torn tails, "
-                 "%d quarantined, %d records written back from the journal, %d removed by maintenance, "
-                 "%d replies aborted, in %.2f s", len(self.registry), r.records, r.full_replays, r.tail_replays,
-                 len(r.torn), len(r.quarantined), r.journal.records, len(self.removed_at_start),
-                 len(self.aborted_at_start), r.seconds)
-
-    async def _writable_at_start(self, sid: str) -> bool:
-        if sid not in self.es:
-            return False
-        await self._ensure_checked(sid)
-        return self.es.corruption(sid) is None
+    def loaded(self, session_id: str) -> SessionState | None:
+        """The session's state if it is loaded in memory."""
+        return self._states.get(session_id)
 
     async def check_logs(self) -> int:
-        """The background check: read the part of each log that startup skipped
-        (before its checkpoint offset) and quarantine a session damaged there,
-        as a full replay would have. A session that is written to before the
-        check reaches it is checked first (`_append`), so no write is
-        acknowledged into a log with damage. Returns how many were quarantined."""
-        found = 0
-        while self._unchecked:
-            found += await self._ensure_checked(next(iter(self._unchecked)))
-        return found
+        """Check now the log prefixes startup skipped (startup.PrefixCheck).
+        Returns how many sessions were quarantined."""
+        return await self.prefix_check.check_all()
 
-    async def _ensure_checked(self, sid: str) -> int:
-        pending = self._checking.get(sid)
-        if pending is not None:
-            await pending.wait()
-            return 0
-        if sid not in self._unchecked:
-            return 0
-        del self._unchecked[sid]
-        done = self._checking[sid] = trio.Event()
-        try:
-            return await self._check_one(sid)
-        finally:
-            del self._checking[sid]
-            done.set()
+    def quarantine(self, session_id: str, corrupt: CorruptRecord) -> None:
+        """Damage found in a session's log: read-only from now on, its producers
+        and subscribers ended, every client told."""
+        self.es.quarantine(session_id, corrupt)
+        self.saver.quarantined(session_id)
+        self.hub.end(session_id, "session quarantined")
+        row = self.get_row(session_id)
+        self._notify("session_updated", {"id": session_id, "damaged": row["damaged"], "status": row["status"]})
 
-    async def _check_one(self, sid: str) -> int:
-        if sid not in self.es or self.es.corruption(sid) is not None:
-            return 0
-        end = self.es.durable_end(sid)
-        try:
-            corrupt = await trio.to_thread.run_sync(check_prefix, self.fs, self.root, sid, end)
-        except FileNotFoundError:
-            return 0  # deleted meanwhile
-        if corrupt is None or sid not in self.es:
-            return 0
-        self.es.quarantine(sid, corrupt)
-        self.saver.quarantined(sid)
-        self.hub.end(sid, "session quarantined")
-        log.error("%s: found by the check after startup; session quarantined (read-only) "
-                  "until `sessionlog repair`", corrupt)
-        row = self.get_row(sid)
-        self._notify("session_updated", {"id": sid, "damaged": row["damaged"], "status": row["status"]})
-        return 1
-
-    async def _check_loop(self) -> None:
-        try:
-            await self.check_logs()
-        finally:
-            self.checked.set()
+    # -- startup / shutdown -------------------------------------------------
 
     def failure(self) -> BaseException | None:
         """Why the store accepts no more writes (a log or the project log
         failed to write or sync), or None."""
         return self.es.broken or self.projects.broken
-
-    async def abort_running(self, reason: str) -> int:
-        """Finalize every running message of this process `aborted` with
-        `reason` (their pending text first). Returns how many. Their producers
-        see nothing: a later finalize of theirs is a no-op."""
-        n = 0
-        for msg in list(self.saver.active.values()):
-            msg.abort_reason = msg.abort_reason or reason
-            try:
-                await self._finalize(msg, "aborted", reason=msg.abort_reason)
-            except (NotFound, EventStoreError) as e:  # deleted meanwhile, or the store failed
-                log.warning("could not finalize message %s at stop: %s", msg.msg_id, e)
-                continue
-            n += 1
-        return n
 
     async def _shutdown(self) -> None:
         """Flush every saver, abort what still runs ("server shutdown"), write
@@ -971,21 +567,7 @@ class SessionStore:
         if self.es.broken is not None:
             return
         await self.abort_running("server shutdown")
-        # Other snapshots are left to the debounce: a session without a fresh
-        # one is loaded by replaying its log's tail, and writing thousands of
-        # them here would make a stop slow. index.json is what startup reads.
-        dirty, self._snap_dirty = list(self._snap_dirty), set()
-        for sid in dirty[:STOP_SNAPSHOTS]:
-            await self._cache_write(self.write_snapshot, sid)
-        await self._cache_write(self.write_checkpoint)
-
-
-_ROLES = {"user", "assistant", "tool", "system"}
-_KINDS = {"chat", "llm_reply", "tool_call", "agentic_fn", "task_spawn", "merge", "relocate"}
-
-
-def _valid_kind(role: object, kind: object) -> bool:
-    return role in _ROLES and kind in _KINDS
+        await self.caches.at_stop()
 
 
 @asynccontextmanager
@@ -999,14 +581,14 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
     async with open_event_store(root, fs=fs, sync_mode=config.sync_mode,
                                 journal_sync_interval=config.journal_sync_interval) as es:
         store = SessionStore(root, es, fs, config, titler or KeywordTitler())
-        await store._start()
+        await start(store)
         try:
             async with trio.open_nursery() as nursery:
                 store._nursery = nursery
                 nursery.start_soon(store.saver.run)
-                nursery.start_soon(store._checkpoint_loop)
-                nursery.start_soon(store._snapshot_loop)
-                nursery.start_soon(store._check_loop)
+                nursery.start_soon(store.caches.index_loop)
+                nursery.start_soon(store.caches.snapshot_loop)
+                nursery.start_soon(store.prefix_check.run)
                 try:
                     yield store
                 finally:

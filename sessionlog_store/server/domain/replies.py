@@ -1,0 +1,264 @@
+"""Replies and their branches, as methods of SessionStore: running in-flight
+messages (placeholder, throttled progress, terminal state), finalize, stop,
+retry on a sibling branch, switching branches, and subscribing with exact
+resume. A mixin: its methods take the store as `self`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from sessionlog_store.eventstore import EventStoreError, new_session_id
+from sessionlog_store.eventstore.events import Event, HeadMoved, MessageCreated, MessageFinalized, SessionFlags
+from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
+from sessionlog_store.projections.recovery import fold_until
+from sessionlog_store.projections.session import MessageSnapshot, SessionState
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
+from sessionlog_store.server.domain.fields import valid_kind
+from sessionlog_store.server.domain.inflight import InflightMessage, scrub_surrogates
+from sessionlog_store.server.domain.subscriptions import MsgUpdate, Subscription
+
+if TYPE_CHECKING:
+    from sessionlog_store.eventstore import Appended, EventStore, FileOps
+    from sessionlog_store.projections.registry import Registry
+    from sessionlog_store.server.domain.inflight import ThrottledSaver
+    from sessionlog_store.server.domain.subscriptions import SubscriptionHub
+
+log = logging.getLogger("sessionlog.store")
+
+# A producer's exception is logged in its finalize record, cut to this length.
+MAX_ERROR_CHARS: Final = 4000
+
+
+class Replies:
+    """SessionStore's reply and branch operations; what they use of the store:"""
+    es: EventStore
+    fs: FileOps
+    root: str
+    registry: Registry
+    saver: ThrottledSaver
+    hub: SubscriptionHub
+    shutting_down: bool
+
+    if TYPE_CHECKING:
+        async def load_session(self, session_id: str) -> SessionState: ...
+        async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
+        async def _flush_for_read(self) -> None: ...
+        def _notify(self, kind: str, data: dict[str, Any]) -> None: ...
+        def _after_reply(self, session_id: str) -> None: ...
+        def failure(self) -> BaseException | None: ...
+
+    def list_running(self) -> list[dict[str, Any]]:
+        """Every message running in this process, across sessions, oldest first:
+        session, message, kind, role, caller, started_at and its length so far."""
+        out = [{"session_id": m.session_id, "msg_id": m.msg_id, "kind": m.kind, "role": m.role,
+                "caller": m.caller, "started_at": m.started_at, "length": m.length}
+               for m in self.saver.active.values() if not m.finished]
+        return sorted(out, key=lambda r: r["started_at"])
+
+    @asynccontextmanager
+    async def inflight(self, session_id: str, *, kind: str = "llm_reply", role: str = "assistant",
+                       parent_id: str | None = None, caller: str | None = None,
+                       metadata: dict[str, Any] | None = None) -> AsyncIterator[InflightMessage]:
+        """Run in-flight work as a message: a durable placeholder before the block,
+        throttled progress while it runs, and a durable terminal state after it:
+        done on a normal exit, error on an exception, aborted on cancellation
+        (with the reason: "stopped by user", "stalled", "server shutdown").
+        `parent_id`: None = the current head, "" = a root message."""
+        state = await self.load_session(session_id)
+        if not valid_kind(role, kind) or kind in ("chat", "relocate"):
+            raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
+        if parent_id and parent_id not in state.messages:
+            raise NotFound("unknown_message", f"unknown message {parent_id!r}")
+        if self.shutting_down:
+            raise Conflict("shutting_down", "the server is shutting down")
+        msg_id = new_session_id()
+        parent = state.head if parent_id is None else (parent_id or None)  # "": a root message
+        moves_head = caller is None and parent != state.head  # a retry: a sibling branch becomes current
+        placeholder = MessageCreated(msg_id=msg_id, role=role, kind=kind,  # type: ignore[arg-type]
+                                     parent_id=parent, caller=caller, status="running",
+                                     started_at=time.time(), metadata=metadata or {})
+        events: list[Event] = [placeholder]
+        if state.meta is not None and state.meta.status != "running":
+            events.append(SessionFlags(status="running"))
+        msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent, caller,
+                              placeholder.started_at or 0.0)
+        with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
+            appended = await self.append_events(session_id, *events)
+        if moves_head:
+            self._notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
+        # Live (stoppable, watched) only once its placeholder is durable.
+        msg.last_activity = trio.current_time()
+        self.saver.start(msg)
+        if self.shutting_down:  # a stop began while the placeholder was written: it ends at once
+            msg.abort_reason = "server shutdown"
+            msg.scope.cancel()
+        status, error, reason = "done", None, None
+        try:
+            with msg.scope:
+                yield msg
+            if msg.scope.cancelled_caught:
+                status, reason = "aborted", msg.abort_reason or "stopped by user"
+        except trio.Cancelled:
+            status, reason = "aborted", msg.abort_reason or "server shutdown"
+            raise
+        except BaseException as e:
+            status, error = "error", scrub_surrogates(f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS])
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._finalize(msg, status, error=error, reason=reason)
+
+    async def _finalize(self, msg: InflightMessage, status: str, *, error: str | None = None,
+                        reason: str | None = None) -> None:
+        if msg.finished:
+            return
+        self.saver.flush(msg)
+        msg.finished = True
+        self.saver.end(msg)
+        if (msg.session_id not in self.registry or self.es.broken is not None
+                or msg.session_id not in self.es or self.es.corruption(msg.session_id) is not None):
+            return  # deleted, the store failed, or quarantined: no finalize can be written
+        tokens = dict(msg.tokens) if any(msg.tokens.values()) else None
+        events: list[Event] = [MessageFinalized(msg_id=msg.msg_id, status=status,  # type: ignore[arg-type]
+                                                error=error, aborted_reason=reason, tokens=tokens)]
+        meta = self.registry.get(msg.session_id)
+        if meta is not None and set(meta.open_msgs) <= {msg.msg_id} and meta.status == "running":
+            events.append(SessionFlags(status="idle"))
+        await self.append_events(msg.session_id, *events)
+        if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
+            self._after_reply(msg.session_id)
+
+    async def finalize_message(self, session_id: str, msg_id: str, status: str, *,
+                               content: str | None = None, error: str | None = None,
+                               reason: str | None = None) -> None:
+        """Finalize a message that has no live producer in this process (a
+        placeholder created elsewhere). Illegal transitions raise and change nothing."""
+        state, m = await self._message(session_id, msg_id)
+        check_move(msg_id, m.status, status)
+        live = self.saver.active.get((session_id, msg_id))
+        if live is not None:
+            self.saver.flush(live)
+            live.finished = True
+            self.saver.end(live)
+        await self.append_events(session_id, MessageFinalized(msg_id=msg_id, status=status,  # type: ignore[arg-type]
+                                                        content=content, error=error, aborted_reason=reason))
+
+    def stop(self, session_id: str, msg_id: str) -> bool:
+        """Cancel a running message; it is finalized aborted "stopped by user".
+        False when no producer of it runs here."""
+        msg = self.saver.active.get((session_id, msg_id))
+        if msg is None:
+            return False
+        msg.abort_reason = "stopped by user"
+        msg.scope.cancel()
+        return True
+
+    async def _message(self, session_id: str, msg_id: str) -> tuple[SessionState, MessageSnapshot]:
+        """A loaded session and one of its messages (NotFound when unknown)."""
+        state = await self.load_session(session_id)
+        m = state.messages.get(msg_id)
+        if m is None:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        return state, m
+
+    async def retry_target(self, session_id: str, msg_id: str) -> MessageSnapshot:
+        """The message to retry (a finished conversational reply); the retry runs
+        as a new in-flight message with the same parent (a sibling branch)."""
+        state, m = await self._message(session_id, msg_id)
+        if m.status not in TERMINAL_STATUSES:
+            raise Conflict("message_running", f"message {msg_id} is still {m.status}")
+        if m.role != "assistant" or m.caller is not None:
+            raise Conflict("not_retryable", f"message {msg_id} is not an assistant reply")
+        return m
+
+    async def switch_branch(self, session_id: str, msg_id: str) -> str:
+        """Show the branch through `msg_id` (a sibling a retry or regenerate
+        made, or any conversational message): head moves to the tip that branch
+        had when it was last shown (`SessionState.leaf_of`), durably. Returns
+        the new head; every client watching the session is told (`head_moved`)."""
+        state, m = await self._message(session_id, msg_id)
+        if m.caller is not None:
+            raise BadRequest("not_conversational", f"message {msg_id} is a {m.kind} node, not on a branch")
+        head = state.leaf_of(msg_id)
+        if head != state.head:
+            appended = await self.append_events(session_id, HeadMoved(head=head))
+            self._notify("head_moved", {"session_id": session_id, "head": head, "seq": appended[0].record.seq})
+        return head
+
+    @asynccontextmanager
+    async def retry(self, session_id: str, msg_id: str) -> AsyncIterator[InflightMessage]:
+        """A new reply on a sibling branch of `msg_id` (same parent); head moves to it."""
+        m = await self.retry_target(session_id, msg_id)
+        async with self.inflight(session_id, kind=m.kind, role=m.role, parent_id=m.parent_id or "") as msg:
+            yield msg
+
+    async def subscribe(self, session_id: str, msg_id: str, *, offset: int | None = None,
+                        after_seq: int | None = None) -> Subscription:
+        """Subscribe to a message's updates. Say what you have (`offset`: characters
+        of content; or `after_seq`: the seq your copy is as of) and the first update
+        holds exactly the rest, then the live tail; it ends at a terminal status."""
+        state = await self.load_session(session_id)
+        if msg_id not in state.messages:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        have = 0
+        if offset is not None:
+            have = offset
+        elif after_seq is not None:
+            have = await self._length_at(session_id, msg_id, after_seq)
+        m = state.messages.get(msg_id)
+        if m is not None and m.status in TERMINAL_STATUSES and m.seq > self.es.durable_seq(session_id):
+            await self.es.wait_durable(session_id, m.seq)  # terminal states are shown once durable
+            m = state.messages.get(msg_id)
+        if m is None:
+            raise NotFound("unknown_message", f"unknown message {msg_id!r}")
+        if have < 0 or have > len(m.content):
+            raise BadRequest("bad_offset", f"offset {have} is outside the message's {len(m.content)} characters")
+        if session_id not in self.registry or session_id not in self.es:  # deleted while we waited
+            raise NotFound("unknown_session", f"session {session_id!r} was deleted")
+        sub = self.hub.add(session_id, msg_id, have)
+        sub.push(MsgUpdate(session_id=session_id, msg_id=msg_id, seq=m.seq, offset=0, content_delta=m.content,
+                           status=m.status, tree=m.metadata.get("context_tree"),
+                           tokens=m.metadata.get("partial_tokens_used") if m.tokens is None else m.tokens,
+                           error=m.error, aborted_reason=m.metadata.get("aborted_reason"),
+                           durable_seq=self.es.durable_seq(session_id)))
+        if m.status in OPEN_STATUSES and (session_id, msg_id) not in self.saver.active:
+            # No producer here will ever finalize it: say so now rather than never.
+            why = ("store failure" if self.failure() is not None
+                   else "session quarantined" if self.es.corruption(session_id) is not None
+                   else "server shutdown" if self.shutting_down else None)
+            if why is not None:
+                self.hub.end(session_id, why, msg_id=msg_id, seq=m.seq)
+        return sub
+
+    async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
+        """How long the message's content was as of `seq` (read from the log)."""
+        await self._flush_for_read()
+        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
+        extra = self.es.unwritten(session_id)
+        if extra:  # a failed log write: what only the journal holds follows the written part
+            data = data[:self.es.durable_end(session_id)] + extra
+        state = fold_until(scan(session_id, data).records, data, seq)
+        m = state.messages.get(msg_id)
+        return len(m.content) if m is not None else 0
+
+    async def abort_running(self, reason: str) -> int:
+        """Finalize every running message of this process `aborted` with
+        `reason` (their pending text first). Returns how many. Their producers
+        see nothing: a later finalize of theirs is a no-op."""
+        n = 0
+        for msg in list(self.saver.active.values()):
+            msg.abort_reason = msg.abort_reason or reason
+            try:
+                await self._finalize(msg, "aborted", reason=msg.abort_reason)
+            except (NotFound, EventStoreError) as e:  # deleted meanwhile, or the store failed
+                log.warning("could not finalize message %s at stop: %s", msg.msg_id, e)
+                continue
+            n += 1
+        return n

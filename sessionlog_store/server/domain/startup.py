@@ -1,0 +1,157 @@
+"""What a store does when it opens: recovery (the registry from index.json and
+the logs' tails), the abort sweep (nothing left `running` whose writer is
+gone), the spec's maintenance, one summary line; and, afterwards, the
+background check of the log prefixes the checkpoint let recovery skip.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from sessionlog_store.eventstore.events import Event, MessageFinalized, SessionFlags
+from sessionlog_store.projections.maintenance import MaintenancePlan, plan_maintenance
+from sessionlog_store.projections.recovery import check_prefix, recover_registry
+
+if TYPE_CHECKING:
+    from sessionlog_store.server.domain.store import SessionStore
+
+log = logging.getLogger("sessionlog.store")
+
+
+async def start(store: SessionStore) -> None:
+    """Recover the store's registry, abort what was left running, run
+    maintenance, write index.json and log one summary line."""
+    es = store.es
+    registry, found, report = await trio.to_thread.run_sync(recover_registry, store.fs, store.root)
+    report.journal = es.journal_recovery  # applied when the event store opened
+    store.recovery = report
+    for sid, rec in found.items():
+        es.register(sid, rec.seq, rec.end, rec.corrupt)
+    store.registry = registry
+    if store.config.check_after_start:
+        store.prefix_check.unchecked = dict.fromkeys(report.tail_replayed)
+    await trio.to_thread.run_sync(store.projects.load_sync)
+    said: list[tuple[int, str, list[Any]]] = [
+        (logging.WARNING, "%s", report.torn),
+        (logging.ERROR, "%s: session quarantined (read-only) until `sessionlog repair`", report.quarantined),
+        (logging.INFO, "finished the interrupted deletion of session %s", report.unfinished_deletions),
+        (logging.INFO, "removed the interrupted creation of session %s (it was never acknowledged)",
+         report.unfinished_creations),
+        (logging.WARNING, "orphan folder: %s", report.orphans),
+        (logging.INFO, "removed a left-over file: %s", report.temp_files),
+        (logging.WARNING, "%s", report.journal.notes)]
+    for level, fmt, items in said:
+        for item in items:
+            log.log(level, fmt, item)
+    if store.projects.torn is not None:
+        log.warning("%s", store.projects.torn)
+    if store.projects.damage is not None:
+        log.error("%s: the project log is read-only (projects up to the damage are served) until "
+                  "`sessionlog repair projects`", store.projects.damage)
+    # The abort sweep: nothing is running whose writer is gone. A session is
+    # checked (the part of its log the checkpoint let recovery skip) before it
+    # is written to; one found damaged is left alone.
+    check = store.prefix_check
+    for sid, meta in list(registry.rows.items()):
+        if meta.open_msgs and await check.writable(sid):
+            events: list[Event] = [MessageFinalized(msg_id=m, status="aborted", aborted_reason="worker restart")
+                                   for m in meta.open_msgs]
+            await store.append_events(sid, *events)
+            store.aborted_at_start += [(sid, m) for m in meta.open_msgs]
+    # Maintenance in the spec's order, over the healthy sessions (what
+    # `sessionlog maintenance --dry-run` plans too).
+    healthy = [m for sid, m in store.registry.rows.items() if es.corruption(sid) is None]
+    plan = plan_maintenance(healthy, time.time(), store.config.maintenance)
+    done = MaintenancePlan()
+    for sid in plan.to_idle:
+        if await check.writable(sid):
+            await store.append_events(sid, SessionFlags(status="idle"))
+            done.to_idle.append(sid)
+    kinds = {"empty shell": done.empty_shells, "archive expired": done.expired_archives,
+             "over capacity": done.over_capacity}
+    for sid, why in plan.removals():
+        if await check.writable(sid):
+            await store.delete_session(sid)
+            store.removed_at_start.append((sid, why))
+            kinds[why].append(sid)
+            log.debug("removed session %s at startup: %s", sid, why)
+    log.info("%s", done.summary(len(store.aborted_at_start)))
+    await store.caches.write(store.caches.write_index)
+    r = report
+    log.info("started: %d sessions, %d records replayed (%d full replays, %d tails), %d torn tails, "
+             "%d quarantined, %d records written back from the journal, %d removed by maintenance, "
+             "%d replies aborted, in %.2f s", len(store.registry), r.records, r.full_replays, r.tail_replays,
+             len(r.torn), len(r.quarantined), r.journal.records, len(store.removed_at_start),
+             len(store.aborted_at_start), r.seconds)
+
+
+class PrefixCheck:
+    """The background check: read the part of each log that startup skipped
+    (before its checkpoint offset) and quarantine a session damaged there, as
+    a full replay would have. A session written to before the check reaches
+    it is checked first (`ensure`), so no write is acknowledged into a log
+    with damage."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.unchecked: dict[str, None] = {}   # sessions whose skipped log prefix is not checked yet
+        self._checking: dict[str, trio.Event] = {}
+        self.done = trio.Event()    # every skipped prefix is checked
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.unchecked or self._checking)
+
+    async def writable(self, sid: str) -> bool:
+        """Checked, and not found damaged."""
+        if sid not in self.store.es:
+            return False
+        await self.ensure(sid)
+        return self.store.es.corruption(sid) is None
+
+    async def check_all(self) -> int:
+        """Returns how many sessions were quarantined."""
+        found = 0
+        while self.unchecked:
+            found += await self.ensure(next(iter(self.unchecked)))
+        return found
+
+    async def ensure(self, sid: str) -> int:
+        pending = self._checking.get(sid)
+        if pending is not None:
+            await pending.wait()
+            return 0
+        if sid not in self.unchecked:
+            return 0
+        del self.unchecked[sid]
+        done = self._checking[sid] = trio.Event()
+        try:
+            return await self._check_one(sid)
+        finally:
+            del self._checking[sid]
+            done.set()
+
+    async def _check_one(self, sid: str) -> int:
+        store, es = self.store, self.store.es
+        if sid not in es or es.corruption(sid) is not None:
+            return 0
+        end = es.durable_end(sid)
+        try:
+            corrupt = await trio.to_thread.run_sync(check_prefix, store.fs, store.root, sid, end)
+        except FileNotFoundError:
+            return 0  # deleted meanwhile
+        if corrupt is None or sid not in es:
+            return 0
+        store.quarantine(sid, corrupt)
+        log.error("%s: found by the check after startup; session quarantined (read-only) "
+                  "until `sessionlog repair`", corrupt)
+        return 1
+
+    async def run(self) -> None:
+        try:
+            await self.check_all()
+        finally:
+            self.done.set()
