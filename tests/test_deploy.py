@@ -49,8 +49,8 @@ async def handshake(port: int, path: str, host: str, extra: str = "") -> tuple[b
 
 
 def _req(xff: str):  # type: ignore[no-untyped-def]
-    from sessionlog_store.server.edge.ws import _Request
-    return _Request("GET", "/", {"host": "chat.example", "x-forwarded-for": xff})
+    from sessionlog_store.server.edge.http import Request
+    return Request("GET", "/", {"host": "chat.example", "x-forwarded-for": xff})
 
 
 def get(path: str, host: str, extra: str = "") -> bytes:

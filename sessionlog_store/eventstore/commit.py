@@ -672,15 +672,15 @@ class EventStore:
             return fd
         fs = self.fs
         fd = fs.open_append(log_path(self.root, sid))
-        fds[sid] = fd
-        if sid not in self._devs:
-            self._devs[sid] = self._device_of(sid, fd)
-        if len(fds) > self.max_open:
+        if len(fds) >= self.max_open:  # evict first: never more than max_open, even for a moment
             _, old_fd = fds.popitem(last=False)
             if dirty is not None and old_fd in dirty:
                 fs.fdatasync(old_fd)
                 dirty.discard(old_fd)
             fs.close(old_fd)
+        fds[sid] = fd
+        if sid not in self._devs:
+            self._devs[sid] = self._device_of(sid, fd)
         return fd
 
     def _commit_journal_sync(self, batch: _Batch) -> None:

@@ -1,10 +1,9 @@
 """I/O adapter: TCP <-> HTTP page + WebSocket <-> the session store.
 
-One port serves both. Each TCP connection's request head is read here first:
-`GET /ws` with an Upgrade header goes to trio-websocket (the bytes already
-read are replayed to it through `_Replay`), after the Host, Origin and token
-checks; any other `GET` is answered as plain HTTP (the page and its static
-files). trio-websocket alone would answer plain HTTP with 400.
+One port serves both. Each TCP connection's request head is read by h11
+(http.py): `GET /ws` with an Upgrade header goes, after the Host, Origin and
+token checks, to wsproto and trio-websocket; any other `GET` or `HEAD` is
+answered as plain HTTP (the page and its static files, probes, metrics).
 
 Each WebSocket connection gets its own nursery with a reader loop (decode,
 `match`, call the store, reply), a sender task draining a bounded queue with
@@ -22,10 +21,10 @@ import secrets
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
+from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from sessionlog_store.eventstore.errors import (EventStoreError, InvalidSessionId, RecordTooLarge,
                                                 SessionReadOnly, StoreBroken, StoreClosed, UnknownSession)
@@ -37,16 +36,13 @@ from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.domain.subscriptions import (TERMINAL, MsgUpdate, Subscription, merge_updates,
                                                           split_update)
 from sessionlog_store.server.edge import protocol as p
+from sessionlog_store.server.edge.http import Exchange, Request
 from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
 from sessionlog_store.server.edge.metrics import ServerMetrics, readiness
 
 log = logging.getLogger("sessionlog.ws")
 
 STATIC_DIR: Final = os.path.join(os.path.dirname(__file__), "static")
-# Request heads longer than this are refused (nginx's default is 8 KiB; 16 KiB
-# leaves room for long cookies on localhost).
-MAX_HEAD: Final = 16 * 1024
-HEAD_TIMEOUT: Final = 10.0
 # Frames queued for one client before it is dropped as too slow.
 SEND_QUEUE: Final = 512
 # Operator endpoints (GET and HEAD): liveness, readiness, Prometheus metrics.
@@ -92,85 +88,6 @@ class ServerConfig:
             raise ValueError(f"--root-path {self.root_path!r} must start with /")
 
 
-class _Replay(trio.abc.Stream):
-    """A stream that first returns bytes already read from it."""
-
-    def __init__(self, stream: trio.abc.Stream, prefix: bytes) -> None:
-        self._stream = stream
-        self._prefix = prefix
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if self._prefix:
-            n = len(self._prefix) if max_bytes is None else max_bytes
-            data, self._prefix = self._prefix[:n], self._prefix[n:]
-            return bytes(data)
-        return bytes(await self._stream.receive_some(max_bytes))
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-@dataclass
-class _Request:
-    method: str
-    target: str
-    headers: dict[str, str]
-
-    @property
-    def path(self) -> str:
-        return urlsplit(self.target).path
-
-    @property
-    def query(self) -> dict[str, list[str]]:
-        return parse_qs(urlsplit(self.target).query)
-
-
-async def _read_head(stream: trio.abc.Stream) -> tuple[_Request, bytes] | None:
-    buf = b""
-    with trio.move_on_after(HEAD_TIMEOUT):
-        while b"\r\n\r\n" not in buf:
-            if len(buf) > MAX_HEAD:
-                return None
-            chunk = await stream.receive_some(4096)
-            if not chunk:
-                return None
-            buf += chunk
-    if b"\r\n\r\n" not in buf:
-        return None
-    head = buf[: buf.index(b"\r\n\r\n")].decode("latin-1")
-    lines = head.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        return None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not value.strip().isprintable() and value.strip():
-            return None  # no colon, or control characters (a bare LF, a NUL) in a value
-        key = name.strip().lower()
-        if key in headers:  # a repeated Host/Origin is ambiguous: refuse
-            if key in ("host", "origin"):
-                return None
-            headers[key] += ", " + value.strip()
-        else:
-            headers[key] = value.strip()
-    return _Request(parts[0], parts[1], headers), buf
-
-
-async def _http_reply(stream: trio.abc.Stream, status: str, body: bytes, ctype: str = "text/plain; charset=utf-8",
-                      extra: str = "", *, head_only: bool = False) -> None:
-    head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            f"Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n{extra}\r\n")
-    with trio.move_on_after(5):
-        await stream.send_all(head.encode() + (b"" if head_only else body))
-
-
 class Server:
     """The WebSocket/HTTP front of one store."""
 
@@ -212,7 +129,7 @@ class Server:
         allow = self.config.forwarded_allow_ips
         return "*" in allow or peer_ip in allow
 
-    def localize(self, req: _Request, peer_ip: str) -> tuple[_Request, str | None]:
+    def localize(self, req: Request, peer_ip: str) -> tuple[Request, str | None]:
         """The request as this server sees it: the root path taken off its path,
         and, from a trusted proxy, X-Forwarded-Host as its Host. Also the client's
         address from X-Forwarded-For (trusted proxies only), else None."""
@@ -231,9 +148,9 @@ class Server:
         root = self.config.root_path
         if root and (target == root or target.startswith(root + "/") or target.startswith(root + "?")):
             target = target[len(root):] or "/"
-        return _Request(req.method, target, headers), remote
+        return Request(req.method, target, headers), remote
 
-    def check_handshake(self, req: _Request) -> str | None:
+    def check_handshake(self, req: Request) -> str | None:
         """Why this upgrade is refused, or None."""
         if req.headers.get("host", "").lower() not in self.allowed_hosts():
             return "Host not allowed"
@@ -249,28 +166,27 @@ class Server:
 
     async def handle_stream(self, stream: trio.abc.Stream) -> None:
         remote = _peer(stream)
+        ex = Exchange(stream)
         try:
-            got = await _read_head(stream)
-            if got is None:
-                await _http_reply(stream, "400 Bad Request", b"bad request\n")
+            req = await ex.read_request()
+            if req is None:
+                await ex.reply(400, b"bad request\n")
                 return
-            req, raw = got
             try:
                 raw_path = urlsplit(req.target).path
             except ValueError:  # an unparsable target ("//[x/")
-                await _http_reply(stream, "400 Bad Request", b"bad request\n")
+                await ex.reply(400, b"bad request\n")
                 return
             if raw_path in OPS_PATHS and req.method in ("GET", "HEAD"):
                 # at the server's own root only: a proxy that forwards /chat/
                 # never exposes these under it
-                await self._ops(stream, req)
+                await self._ops(ex, req)
                 return
             root = self.config.root_path
             if root and raw_path == root and req.method in ("GET", "HEAD"):
                 # relative URLs in the page need the slash
                 query = urlsplit(req.target).query
-                await _http_reply(stream, "301 Moved Permanently", b"", extra=f"Location: {root}/"
-                                  + (f"?{query}" if query else "") + "\r\n")
+                await ex.reply(301, headers={"Location": f"{root}/" + (f"?{query}" if query else "")})
                 return
             req, forwarded_for = self.localize(req, remote.rsplit(":", 1)[0].strip("[]"))
             if forwarded_for is not None:
@@ -280,14 +196,14 @@ class Server:
                 why = self.check_handshake(req)
                 if why is not None:
                     log.warning("refused a WebSocket handshake: %s", why, extra={"remote": remote})
-                    await _http_reply(stream, "403 Forbidden", f"{why}\n".encode())
+                    await ex.reply(403, f"{why}\n".encode())
                     return
                 log.info("WebSocket handshake accepted", extra={"remote": remote})
-                await self._websocket(_Replay(stream, raw), remote)
-            elif req.method == "GET":
-                await self._static(stream, req)
+                await self._websocket(ex, remote)
+            elif req.method in ("GET", "HEAD"):
+                await self._static(ex, req)
             else:
-                await _http_reply(stream, "405 Method Not Allowed", b"method not allowed\n", extra="Allow: GET\r\n")
+                await ex.reply(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"})
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
             pass
         except Exception:
@@ -297,56 +213,55 @@ class Server:
                 scope.shield = True
                 await stream.aclose()
 
-    async def _ops(self, stream: trio.abc.Stream, req: _Request) -> None:
+    async def _ops(self, ex: Exchange, req: Request) -> None:
         """Probes and metrics: no Host check and no token (a Kubernetes probe or
         a Prometheus scrape addresses the pod, not a name), nothing in them but
         counts and states (server/edge/metrics.py)."""
-        head = req.method == "HEAD"
         path = urlsplit(req.target).path
         if path == "/metrics" and req.headers.get("host", "").lower() not in self.allowed_hosts():
             # activity counts are not for any web page (DNS rebinding): a
             # scraper's address is added with --allowed-host
-            await _http_reply(stream, "403 Forbidden", b"Host not allowed\n", head_only=head)
+            await ex.reply(403, b"Host not allowed\n")
             return
         if path == "/healthz":
-            await _http_reply(stream, "200 OK", b"ok\n", head_only=head)
+            await ex.reply(200, b"ok\n")
         elif path == "/readyz":
             why = readiness(self)
             if why is None:
-                await _http_reply(stream, "200 OK", b"ready\n", head_only=head)
+                await ex.reply(200, b"ready\n")
             else:
-                await _http_reply(stream, "503 Service Unavailable", f"not ready: {why}\n".encode(), head_only=head)
+                await ex.reply(503, f"not ready: {why}\n".encode())
         else:
-            await _http_reply(stream, "200 OK", self.metrics.render(), METRICS_TYPE, head_only=head)
+            await ex.reply(200, self.metrics.render(), METRICS_TYPE)
 
-    async def _static(self, stream: trio.abc.Stream, req: _Request) -> None:
+    async def _static(self, ex: Exchange, req: Request) -> None:
         if req.headers.get("host", "").lower() not in self.allowed_hosts():
-            await _http_reply(stream, "403 Forbidden", b"Host not allowed\n")
+            await ex.reply(403, b"Host not allowed\n")
             return
         if req.path == "/favicon.ico":
-            await _http_reply(stream, "204 No Content", b"")
+            await ex.reply(204)
             return
         name = "index.html" if req.path in ("/", "/index.html") else req.path.removeprefix("/static/")
         if name != "index.html" and (not req.path.startswith("/static/") or "/" in name or name.startswith(".")
                                      or not name.isprintable() or len(name) > 100):
-            await _http_reply(stream, "404 Not Found", b"not found\n")
+            await ex.reply(404, b"not found\n")
             return
         path = os.path.join(STATIC_DIR, name)
         try:
             body = await trio.Path(path).read_bytes()
         except (FileNotFoundError, IsADirectoryError):
-            await _http_reply(stream, "404 Not Found", b"not found\n")
+            await ex.reply(404, b"not found\n")
             return
         ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
         if ctype.startswith("text/") or ctype.endswith("javascript"):
             ctype += "; charset=utf-8"
-        await _http_reply(stream, "200 OK", body, ctype,
-                          extra="Content-Security-Policy: default-src 'self'; connect-src 'self'; "
-                                "style-src 'self' 'unsafe-inline'\r\nX-Frame-Options: DENY\r\n")
+        await ex.reply(200, body, ctype, headers={
+            "Content-Security-Policy": "default-src 'self'; connect-src 'self'; style-src 'self' 'unsafe-inline'",
+            "X-Frame-Options": "DENY"})
 
-    async def _websocket(self, stream: trio.abc.Stream, remote: str) -> None:
+    async def _websocket(self, ex: Exchange, remote: str) -> None:
         async with trio.open_nursery() as nursery:
-            request = await wrap_server_stream(nursery, stream, max_message_size=p.WS_HARD_LIMIT)
+            request = await ex.upgrade(nursery, max_message_size=p.WS_HARD_LIMIT)
             ws = await request.accept()
             conn = Connection(self, ws, nursery)
             conn.remote = remote
