@@ -117,7 +117,13 @@ def shot(page, name: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def bubble_text(page, msg_id: str) -> str:  # type: ignore[no-untyped-def]
+    """What the page shows (the Markdown rendered)."""
     return page.locator(f'[data-msg="{msg_id}"] .bubble').inner_text()
+
+
+def content_of(page, msg_id: str) -> str:  # type: ignore[no-untyped-def]
+    """The message's text as the page holds it (the Markdown source)."""
+    return page.evaluate(f'window.sessionlog.messages.get("{msg_id}").content')
 
 
 def reply_id(page) -> str:  # type: ignore[no-untyped-def]
@@ -144,19 +150,20 @@ def test_reload_mid_stream_continues_with_identical_text(serve, browser):
     other.wait_for_selector(f'[data-msg="{mid}"]')
     page.wait_for_function(f'document.querySelector(\'[data-msg="{mid}"] .bubble\').innerText.length > 60')
     shot(page, "streaming")
-    before = bubble_text(page, mid)
+    before = content_of(page, mid)
     page.reload()
     page.wait_for_selector(".conn.online")
     page.wait_for_selector(f'[data-msg="{mid}"]')
-    after = bubble_text(page, mid)
+    after = content_of(page, mid)
     assert after.startswith(before[: len(before) - 40]) and len(after) >= len(before) - 40
     page.wait_for_selector(f'[data-msg="{mid}"].done', timeout=60_000)
     other.wait_for_selector(f'[data-msg="{mid}"].done', timeout=60_000)
-    final = bubble_text(page, mid)
+    final = content_of(page, mid)
     assert len(final) > len(before)
-    assert final == bubble_text(other, mid)
+    assert final == content_of(other, mid)
+    assert bubble_text(page, mid) == bubble_text(other, mid)  # rendered alike in both tabs
     content, status = log_text(serve.root, sid, mid)
-    assert status == "done" and final.strip() == content.strip()
+    assert status == "done" and final == content
     assert not page.errors and not other.errors
     shot(page, "list")
 
@@ -183,10 +190,13 @@ def test_backend_killed_mid_stream_shows_aborted_with_a_working_retry(serve, bro
 
 
 def test_a_launched_chat_never_typed_into_survives_sigkill(serve, browser):
+    """The spec's launch-at-birth: a chat an agent launcher created (over the
+    protocol, as `create_session`) and nobody typed into yet is durable. The
+    page's own "+ New chat" is a draft until its first message (issue 14)."""
     page = open_page(browser, serve.url)
-    page.click("#new-chat")
-    page.wait_for_function("window.sessionlog.current !== null")
-    sid = current_session(page)
+    page.evaluate('window.sessionlog.ws.send(JSON.stringify({action: "create_session", request_id: "launch"}))')
+    page.wait_for_function("window.sessionlog.sessions.size === 1")
+    sid = page.evaluate("[...window.sessionlog.sessions.keys()][0]")
     page.wait_for_selector(f'#sessions li[data-id="{sid}"]')
     serve.kill()
     serve.start()
@@ -408,3 +418,305 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
         proxy.terminate()
         proxy.wait(10)
         s.stop()
+
+
+# -- issue 14: the page as a product ---------------------------------------------------
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe.min.js"
+
+
+def axe_violations(page) -> list[str]:  # type: ignore[no-untyped-def]
+    """axe-core's serious and critical violations (contrast included) on the page as it is."""
+    if not page.evaluate("typeof window.axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE))
+    found = page.evaluate("""async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
+        .filter(v => v.impact === "serious" || v.impact === "critical")
+        .map(v => v.id + ": " + v.nodes.map(n => n.target.join(" ")).slice(0, 3).join(", "))""")
+    return list(found)
+
+
+def phone_page(browser, url: str):  # type: ignore[no-untyped-def]
+    page = browser.new_page(viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True, bypass_csp=True)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector(".conn.online", state="attached")  # the pill is in the closed drawer
+    page.errors = errors  # type: ignore[attr-defined]
+    return page
+
+
+def test_phone_layout_drawer_and_tap_targets(serve, browser):
+    page = phone_page(browser, serve.url)
+    assert page.locator("#messages").bounding_box()["width"] >= 380  # the chat has the width
+    assert not page.locator("#sidebar").is_visible()
+    box = page.locator("#input").bounding_box()
+    assert box["width"] > 250 and box["height"] >= 40
+    page.fill("#input", "Hello from a phone")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    page.click("#menu-btn")
+    page.wait_for_selector("#sidebar", state="visible")
+    assert page.get_attribute("#menu-btn", "aria-expanded") == "true"
+    assert axe_violations(page) == []
+    small = page.evaluate("""() => [...document.querySelectorAll("button, input, select, textarea")]
+        .filter(e => e.offsetParent !== null && getComputedStyle(e).visibility !== "hidden")
+        .map(e => [e.id || e.className || e.textContent.trim(), e.getBoundingClientRect().height])
+        .filter(([, h]) => h < 40)""")
+    assert small == [], small
+    page.locator("#sessions button.row").first.click()
+    page.wait_for_selector("#sidebar", state="hidden")
+    assert not page.errors
+
+
+def test_keyboard_only_user_opens_a_saved_chat_and_stops_a_reply(serve, browser):
+    page = open_page(browser, serve.url)
+    assert page.evaluate("document.activeElement.id") == "input"  # focus on load
+    page.keyboard.type("First chat, by keyboard")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    first = current_session(page)
+    page.keyboard.press("Control+Shift+O")  # new chat: a draft, focus in the composer
+    page.wait_for_function("window.sessionlog.current === null")
+    assert page.evaluate("document.activeElement.id") == "input"
+    assert page.locator("#actions").is_hidden()
+    page.keyboard.type("Second chat, tell me about the agent plan")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".msg.assistant.running")
+    page.keyboard.press("Escape")  # stops the running reply
+    page.wait_for_selector(".msg.assistant.aborted", timeout=30_000)
+    assert "stopped by user" in page.locator(".msg.assistant.aborted .why").inner_text()
+    # the saved chats are buttons in a list; Tab reaches them and Enter opens one
+    row = page.locator(f'#sessions li[data-id="{first}"] button.row')
+    assert page.evaluate("document.querySelector('#sessions').tagName") == "UL"
+    row.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_function(f'window.sessionlog.current === "{first}"')
+    assert row.get_attribute("aria-current") == "page"
+    tabs = page.locator('#views [role="tab"]')
+    assert tabs.count() == 3 and tabs.first.get_attribute("aria-selected") == "true"
+    page.locator('#views [data-view="active"]').focus()
+    page.keyboard.press("ArrowRight")
+    assert page.get_attribute('#views [data-view="archived"]', "aria-selected") == "true"
+    page.keyboard.press("Control+/")
+    page.wait_for_selector("#help[open]")
+    assert "New chat" in page.locator("#help").inner_text()
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#help:not([open])", state="attached")
+    assert page.locator("label[for=input]").count() == 1
+    assert not page.errors
+
+
+def test_axe_finds_no_serious_violations_in_the_main_states(serve, browser):
+    page = open_page(browser, serve.url)
+    assert axe_violations(page) == [], "empty"
+    page.fill("#input", "Explain the log with code, please")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.running")
+    assert axe_violations(page) == [], "streaming"
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    for i in range(3):
+        page.fill("#input", f"And turn {i}?")
+        page.press("#input", "Enter")
+        page.wait_for_function(f"document.querySelectorAll('.msg.assistant.done').length === {i + 2}", timeout=60_000)
+    assert axe_violations(page) == [], "long chat"
+    assert not page.errors
+
+
+def test_markdown_renders_highlighted_with_copy_offline(serve, browser):
+    page = open_page(browser, serve.url)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
+    page.fill("#input", "Show me some code")  # "code": the demo reply has a fenced block
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    reply = page.locator(".msg.assistant .bubble").last
+    assert reply.locator("strong").count() >= 1 and reply.locator("ol li").count() == 3
+    assert reply.locator("pre code.language-python .hljs-keyword").count() >= 1  # highlighted
+    link = reply.locator("a").first
+    assert link.get_attribute("rel") == "noopener noreferrer" and link.get_attribute("target") == "_blank"
+    assert "**" not in reply.inner_text() and "```" not in reply.inner_text()
+    assert reply.locator("pre button.copy").count() == 1
+    assert all(u.startswith(serve.url.split("/?")[0]) for u in asked), asked  # nothing from a CDN
+    assert not page.errors
+
+
+def test_hostile_markdown_and_html_execute_nothing(tmp_path, browser):
+    s = ServeProcess(str(tmp_path / "store"), free_port(), extra=("--agent", "default=tests.echo_agent:EchoAgent"))
+    s.start()
+    try:
+        page = open_page(browser, s.url)
+        hostile = "\n\n".join([
+            "<script>window.pwned = 1</script>",
+            '<img src=x onerror="window.pwned = 2">',
+            "[click](javascript:window.pwned=3)",
+            '<svg><script>window.pwned = 4</script><a xlink:href="javascript:window.pwned=5">s</a></svg>',
+            '<a href="javascript:window.pwned=6" onclick="window.pwned=7">a</a>',
+            '<iframe src="javascript:window.pwned=8"></iframe>',
+            "```html\n<script>window.pwned = 9</script>\n```",
+            '<details open ontoggle="window.pwned=10">x</details>',
+        ])
+        page.fill("#input", hostile)
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+        for link in page.locator(".msg.assistant .bubble a").all():  # any link that survived
+            link.click()
+        page.wait_for_timeout(300)
+        assert page.evaluate("window.pwned") is None
+        bubble = page.locator(".msg.assistant .bubble").last
+        for sel in ("script", "img[onerror]", "svg", "iframe", "[onclick]", "[ontoggle]", 'a[href^="javascript"]'):
+            assert bubble.locator(sel).count() == 0, sel
+        assert "window.pwned = 9" in bubble.locator("pre code").inner_text()  # shown as code, not run
+        assert not page.errors
+    finally:
+        s.stop()
+
+
+def test_a_selection_survives_the_stream(serve, browser):
+    page = open_page(browser, serve.url)
+    page.fill("#input", "First question")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    page.fill("#input", "Second question, a long answer")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.running")
+    running = reply_id(page)
+    page.wait_for_function(f'document.querySelectorAll(\'[data-msg="{running}"] .bubble > *\').length >= 2')
+    # select the first paragraph of the old reply, then the streaming one's first block
+    for which in (".msg.assistant.done .bubble > :first-child", f'[data-msg="{running}"] .bubble > :first-child'):
+        page.evaluate("""(sel) => { const n = document.querySelector(sel); const r = document.createRange();
+            r.selectNodeContents(n); getSelection().removeAllRanges(); getSelection().addRange(r); }""", which)
+        chosen = page.evaluate("getSelection().toString()")
+        assert chosen
+        length = len(content_of(page, running))
+        page.wait_for_function(f'window.sessionlog.messages.get("{running}").content.length > {length + 20}'
+                               f' || window.sessionlog.messages.get("{running}").status !== "running"',
+                               timeout=60_000)
+        assert page.evaluate("getSelection().toString()") == chosen, which
+        assert page.evaluate("getSelection().anchorNode.isConnected")
+    assert not page.errors
+
+
+def test_composer_send_turns_into_stop_ime_enter_does_not_send_box_grows(serve, browser):
+    page = open_page(browser, serve.url)
+    page.fill("#input", "Hello there")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.running")
+    assert page.inner_text("#send") == "Stop"
+    page.fill("#input", "a second message while it streams")
+    page.press("#input", "Enter")  # does not send a second turn into the running view
+    assert page.locator(".msg.user").count() == 1
+    page.click("#send")  # Stop
+    page.wait_for_selector(".msg.assistant.aborted", timeout=30_000)
+    page.wait_for_function("document.querySelector('#send').textContent === 'Send'")
+    page.evaluate("""() => { const t = document.querySelector("#input");
+        t.dispatchEvent(new KeyboardEvent("keydown", {key: "Enter", isComposing: true, bubbles: true})); }""")
+    page.wait_for_timeout(300)
+    assert page.locator(".msg.user").count() == 1, "Enter while an IME composes does not send"
+    h0 = page.locator("#input").bounding_box()["height"]
+    page.fill("#input", "\n".join(f"line {i}" for i in range(4)))
+    h1 = page.locator("#input").bounding_box()["height"]
+    page.fill("#input", "\n".join(f"line {i}" for i in range(40)))
+    h2 = page.locator("#input").bounding_box()["height"]
+    assert h0 < h1 < h2 <= 202
+    assert not page.errors
+
+
+def test_rows_badges_running_indicator_and_branches_in_every_tab(serve, browser):
+    a = open_page(browser, serve.url)
+    b = open_page(browser, serve.url)
+    a.fill("#input", "Tell me something")
+    a.press("#input", "Enter")
+    a.wait_for_selector(".msg.assistant.running")
+    sid = current_session(a)
+    row = f'#sessions li[data-id="{sid}"]'
+    b.wait_for_selector(f"{row} .badge.running")
+    b.wait_for_selector("#running-btn:not([hidden])")
+    assert b.inner_text("#running-btn") == "1 running"
+    b.click("#running-btn")
+    b.locator("#running-list button").first.click()  # jumps to the session with the running reply
+    b.wait_for_function(f'window.sessionlog.current === "{sid}"')
+    a.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    b.wait_for_selector(f"{row} .badge.running", state="detached")  # the badge clears in the other tab
+    b.wait_for_selector("#running-btn", state="hidden")
+    first = reply_id(a)
+    a.locator(f'[data-msg="{first}"] .retry').click()  # Regenerate a finished reply
+    a.wait_for_selector(".branch-pos", timeout=30_000)
+    a.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    assert a.inner_text(".branch-pos") == "2/2"
+    b.wait_for_function("document.querySelector('.branch-pos')?.textContent === '2/2'", timeout=30_000)
+    a.click('[aria-label="previous version"]')
+    a.wait_for_function("document.querySelector('.branch-pos')?.textContent === '1/2'")
+    b.wait_for_function("document.querySelector('.branch-pos')?.textContent === '1/2'", timeout=30_000)
+    assert a.locator(f'[data-msg="{first}"]').count() == 1
+    assert not a.errors and not b.errors
+
+
+def test_connection_state_is_honest(tmp_path, browser):
+    s = ServeProcess(str(tmp_path / "store"), free_port(), speed=8.0)
+    s.start()
+    try:
+        page = open_page(browser, s.url)
+        page.fill("#input", "A slow reply please")
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant.running")
+        s.kill()
+        page.wait_for_selector("#offline-banner:not([hidden])")
+        assert "reconnecting" in page.inner_text("#offline-banner").lower()
+        assert page.locator("#input").is_disabled()
+        blink = page.evaluate("getComputedStyle(document.querySelector('.msg.assistant .bubble'), '::after').content")
+        assert blink in ("none", "normal", ""), "a reply of a dropped connection does not blink"
+        # back with a new token: the page says so and takes the new one
+        s.extra = ("--token", "a-new-token")
+        s.start()
+        page.wait_for_selector("#token-box:not([hidden])", timeout=30_000)
+        page.fill("#token-input", "a-new-token")
+        page.click("#token-form button")
+        page.wait_for_selector(".conn.online", timeout=20_000)
+        page.wait_for_selector("#offline-banner", state="hidden")
+        page.wait_for_selector(".msg.assistant.aborted", timeout=30_000)  # marked by the restart, no Stop left
+        assert page.locator(".msg.assistant .stop").count() == 0
+        assert not page.errors
+    finally:
+        s.stop()
+
+
+def test_small_breakages(serve, browser):
+    page = open_page(browser, serve.url)
+    for _ in range(3):
+        page.click("#new-chat")
+    assert page.evaluate("window.sessionlog.sessions.size") == 0, "a draft has no id until its first message"
+    assert "No chats yet" in page.inner_text("#sessions")
+    page.click('#views [data-view="archived"]')
+    assert "No archived chats" in page.inner_text("#sessions")
+    page.click('#views [data-view="active"]')
+    for text in ("Alpha question", "Beta question"):
+        page.click("#new-chat")
+        page.fill("#input", text)
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    beta = current_session(page)
+    assert page.title().endswith("— sessionlog") and page.title() != "New chat — sessionlog"
+    assert page.locator(".msg.user time").first.get_attribute("title")  # exact time on hover
+    page.fill("#search", "alpha")
+    assert page.locator("#sessions li[data-id]").count() == 1
+    alpha = page.locator("#sessions li[data-id]").first.get_attribute("data-id")
+    page.fill("#search", "")
+    # rename: the field closes when another chat opens; Enter cannot rename that one
+    page.click("#act-rename")
+    page.fill("#title-input", "typed for beta")
+    page.locator(f'#sessions li[data-id="{alpha}"] button.row').click()
+    page.wait_for_function(f'window.sessionlog.current === "{alpha}"')
+    assert page.locator("#title-input").is_hidden()
+    page.wait_for_timeout(300)
+    assert page.evaluate(f'window.sessionlog.sessions.get("{alpha}").title') != "typed for beta"
+    assert page.evaluate(f'window.sessionlog.sessions.get("{beta}").title') != "typed for beta"
+    page.click("#act-rename")
+    page.fill("#title-input", "My own title")
+    page.press("#title-input", "Enter")
+    page.wait_for_function(f'window.sessionlog.sessions.get("{alpha}").title === "My own title"')
+    page.click("#act-regenerate")  # a title the user typed: asks first
+    page.wait_for_selector("#act-regenerate.confirm")
+    page.wait_for_timeout(300)
+    assert page.evaluate(f'window.sessionlog.sessions.get("{alpha}").title') == "My own title"
+    assert page.title() == "My own title — sessionlog"
+    assert not page.errors

@@ -89,6 +89,8 @@ def test_the_wheel_holds_one_package_and_runs_from_a_clean_directory(tmp_path):
     assert top == {"sessionlog_store", f"sessionlog_store-{version}.dist-info"}, top
     for needed in ("sessionlog_store/py.typed", "sessionlog_store/__main__.py",
                    "sessionlog_store/server/edge/static/index.html", "sessionlog_store/server/edge/static/app.js",
+                   "sessionlog_store/server/edge/static/vendor/purify.min.js",
+                   "sessionlog_store/server/edge/static/vendor/LICENSE.dompurify",
                    "sessionlog_store/server/domain/store.py", "sessionlog_store/eventstore/journal.py"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("bench/", "tests/"))]

@@ -43,15 +43,26 @@ class DemoAgent:
         self.tokens = tokens
 
     def plan(self, prompt: str) -> tuple[list[str], bool, bool]:
-        """The reply's tokens and whether it calls a tool / an agentic function."""
+        """The reply's tokens and whether it calls a tool / an agentic function.
+        Replies carry Markdown as real LLM replies do: a bold opening, a list,
+        a link, and in some replies a fenced code block."""
         seed = int.from_bytes(hashlib.sha256(prompt.encode("utf-8", "replace")).digest()[:8], "big")
         rng = random.Random(seed)
         n = rng.randint(*self.tokens)
-        words: list[str] = []
+        words: list[str] = ["**" + _SENTENCES[0][:-1] + "**:", "\n\n"]
+        steps = rng.sample(_SENTENCES[1:], 3)
+        for i, step in enumerate(steps, 1):
+            words += [f"{i}."] + step.split() + ["\n"]
+        words += ["\n", "See", "[the", "design", "notes](https://example.com/sessionlog/design)", "for", "more.",
+                  "\n\n"]
+        low = prompt.lower()
+        if "code" in low or seed % 2 == 0:
+            words += ["```python\nasync with open_session_store(root) as store:\n"
+                      "    meta, _ = await store.create_session(first_message=\"hi\")\n```", "\n\n"]
         while len(words) < n:
             words += rng.choice(_SENTENCES).split() + ["\n\n" if rng.random() < 0.2 else ""]
-        tokens = [w + " " if w and w != "\n\n" else w for w in words[:n] if w != ""]
-        low = prompt.lower()
+        tokens = [w if w.startswith("\n") or w.endswith("\n") or w.startswith("```") else w + " "
+                  for w in words[:n] if w != ""]
         tool = "tool" in low or "search" in low or seed % 3 == 0
         fn = "plan" in low or "agent" in low or seed % 4 == 0
         return tokens, tool, fn

@@ -17,6 +17,7 @@ import hmac
 import logging
 import mimetypes
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from functools import partial
@@ -49,6 +50,8 @@ SEND_QUEUE: Final = 512
 OPS_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 # A client that has not taken one frame in this long is dropped.
 SEND_TIMEOUT: Final = 5.0
+# What /static/ serves: a file of static/ or of static/vendor/ (no dot files, no other folder).
+_STATIC_NAME: Final = re.compile(r"(vendor/)?[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 # Subscriptions one connection may hold (a page subscribes to running messages only).
 MAX_SUBSCRIPTIONS: Final = 1000
 
@@ -242,8 +245,7 @@ class Server:
             await ex.reply(204)
             return
         name = "index.html" if req.path in ("/", "/index.html") else req.path.removeprefix("/static/")
-        if name != "index.html" and (not req.path.startswith("/static/") or "/" in name or name.startswith(".")
-                                     or not name.isprintable() or len(name) > 100):
+        if name != "index.html" and (not req.path.startswith("/static/") or not _STATIC_NAME.fullmatch(name)):
             await ex.reply(404, b"not found\n")
             return
         path = os.path.join(STATIC_DIR, name)

@@ -1,26 +1,82 @@
-// sessionlog's page: no build step, no dependencies. One WebSocket to /ws on
+// sessionlog's page: no build step; vendored markdown-it, DOMPurify and
+// highlight.js (static/vendor/, with their licenses). One WebSocket to /ws on
 // the same origin; every piece of state comes from the server (list_sessions,
 // load_session, msg_update pushes, broadcasts). Re-join after a reload or a
 // dropped socket: load_session, then subscribe_msg for every running message
 // with the content the page already has (offset), patching on each msg_update.
+// Messages are updated in place (a selection survives a stream): a node is
+// built once per message and only its changed parts are touched.
 "use strict";
 
-const TOKEN = new URLSearchParams(location.search).get("token") || "";
+let TOKEN = new URLSearchParams(location.search).get("token") || "";
 const BRANDS = { wechat: "WeChat", discord: "Discord", slack: "Slack", telegram: "Telegram", whatsapp: "WhatsApp" };
 const $ = (id) => document.getElementById(id);
+const EMPTY_CHAT = "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost.";
 
 const state = {
   ws: null, online: false, backoff: 250, nextId: 1, waiting: new Map(),
+  everOpened: false, failedOpens: 0,
   sessions: new Map(),        // id -> row
   projects: [],
   view: "active",
-  current: null,              // session id, or null for a draft
+  search: "",
+  current: null,              // session id, or null for a draft (a draft has no id until its first message)
   messages: new Map(),        // msg_id -> message (current session)
   order: [],                  // msg ids of the current branch, in order
+  nodes: new Map(),           // msg_id -> its element
   subscribed: new Set(),
+  dirty: new Set(),           // msg ids whose node is behind their message (drawn on the next frame)
+  running: [],                // list_running, across sessions
   draftProject: "default",
+  renameFor: null,            // the session a rename field is open for
 };
 window.sessionlog = state;    // for tests and the curious
+
+// -- Markdown, sanitized ---------------------------------------------------------
+
+const md = window.markdownit({
+  html: false, linkify: true, breaks: false,
+  highlight: (code, lang) => {
+    if (lang && window.hljs?.getLanguage(lang)) {
+      try { return window.hljs.highlight(code, { language: lang, ignoreIllegals: true }).value; } catch { /* plain */ }
+    }
+    return "";
+  },
+});
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
+});
+const PURIFY = { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "svg", "math", "form", "input"], FORBID_ATTR: ["style"] };
+
+function markdownBlocks(text) {
+  const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+  return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
+}
+
+// Render into `box` touching only the top-level blocks that changed: the
+// blocks above the one being written keep their nodes (and any selection).
+function renderMarkdownInto(box, text) {
+  const fresh = markdownBlocks(text);
+  const old = [...box.childNodes];
+  fresh.forEach((n, i) => {
+    const html = n.outerHTML ?? n.textContent;
+    if (i < old.length && old[i]._html === html) return;
+    n._html = html;
+    if (n.tagName === "PRE") addCopyButton(n);
+    if (i < old.length) old[i].replaceWith(n); else box.append(n);
+  });
+  for (const n of old.slice(fresh.length)) n.remove();
+}
+
+function addCopyButton(pre) {
+  const b = el("button", { class: "copy", type: "button", "aria-label": "Copy code" }, "Copy");
+  b.addEventListener("click", async () => {
+    const code = pre.querySelector("code")?.textContent ?? pre.textContent;
+    try { await navigator.clipboard.writeText(code); b.textContent = "Copied"; } catch { b.textContent = "Select and copy"; }
+    setTimeout(() => { b.textContent = "Copy"; }, 1500);
+  });
+  pre.prepend(b);
+}
 
 // -- the socket --------------------------------------------------------------
 
@@ -31,8 +87,12 @@ function connect() {
   url.search = `?token=${encodeURIComponent(TOKEN)}`;
   url.hash = "";
   const ws = new WebSocket(url.href);
+  let opened = false;
   state.ws = ws;
-  ws.onopen = () => { state.online = true; state.backoff = 250; showConn(); rejoinAll(); };
+  ws.onopen = () => {
+    opened = true; state.everOpened = true; state.failedOpens = 0;
+    state.online = true; state.backoff = 250; $("token-box").hidden = true; showConn(); rejoinAll();
+  };
   ws.onmessage = (ev) => onFrame(JSON.parse(ev.data));
   ws.onclose = () => {
     if (state.ws !== ws) return;
@@ -40,14 +100,25 @@ function connect() {
     for (const [, p] of state.waiting) p.reject(new Error("connection lost"));
     state.waiting.clear();
     state.subscribed.clear();
+    if (!opened) state.failedOpens += 1;
+    if (state.failedOpens >= 3) checkRefused();
     setTimeout(connect, state.backoff);
     state.backoff = Math.min(state.backoff * 2, 5000);
   };
 }
 
+// A socket that never opens while the page's server answers: the handshake
+// is refused (a new token after a restart, most likely). Say what to do.
+async function checkRefused() {
+  try {
+    const r = await fetch(new URL("static/app.js", location.href), { method: "HEAD", cache: "no-store" });
+    if (r.ok && !state.online) $("token-box").hidden = false;
+  } catch { /* the server is down: keep reconnecting */ }
+}
+
 function request(action, fields = {}) {
   return new Promise((resolve, reject) => {
-    if (!state.online) { reject(new Error("offline")); return; }
+    if (!state.online) { reject(new Error("offline: reconnecting…")); return; }
     const id = state.nextId++;
     state.waiting.set(id, { resolve, reject });
     state.ws.send(JSON.stringify({ action, request_id: id, ...fields }));
@@ -73,11 +144,13 @@ function onFrame(f) {
       if (row) Object.assign(row, fields);
       renderSidebar();
       if (f.data.id === state.current) renderHeader();
+      if ("status" in fields) refreshRunning();
       return;
     }
     case "session_deleted":
       state.sessions.delete(f.data.session_id);
       if (f.data.session_id === state.current) openDraft();
+      refreshRunning();
       return renderSidebar();
     case "head_moved":  // another tab switched branches: show the same branch here
       if (f.data.session_id === state.current) openSession(state.current, { keep: true });
@@ -102,21 +175,35 @@ async function rejoinAll() {
     renderSidebar();
     state.projects = (await request("list_projects")).projects;
     renderProject();
+    refreshRunning();
     const sid = state.current || new URLSearchParams(location.hash.slice(1)).get("s");
     if (sid && state.sessions.has(sid)) await openSession(sid, { keep: true });
     else if (!state.current) openDraft();
   } catch (e) { showError(e.message); }
 }
 
+// A row turns "running" as its reply's placeholder is written, a moment
+// before the reply is listed as running: ask again until the two agree.
+async function refreshRunning(tries = 10) {
+  try { state.running = (await request("list_running")).running || []; } catch { return; }
+  renderRunning();
+  const listed = new Set(state.running.map((r) => r.session_id));
+  const rows = [...state.sessions.values()].filter((r) => r.status === "running" && !r.damaged);
+  if (tries > 0 && rows.some((r) => !listed.has(r.id))) setTimeout(() => refreshRunning(tries - 1), 300);
+}
+
 // -- sessions and messages ---------------------------------------------------------
 
 async function openSession(sid, { keep = false } = {}) {
   const had = keep && sid === state.current ? state.messages : new Map();
+  if (sid !== state.current) closeRename();
   state.current = sid;
   history.replaceState(null, "", `${location.pathname}${location.search}#s=${sid}`);
+  closeDrawer();
   const loaded = await request("load_session", { session_id: sid });
   if (state.current !== sid) return;
   state.sessions.set(sid, loaded.session);
+  if (!keep) state.nodes = new Map();
   state.messages = new Map();
   state.order = [];
   for (const m of loaded.messages) {
@@ -125,7 +212,9 @@ async function openSession(sid, { keep = false } = {}) {
     if (mine && m.status === "running" && mine.content.length > m.content.length && mine.content.startsWith(m.content)) {
       m.content = mine.content;
     }
+    m._said = mine?._said ?? m.content.length;  // what was there at load is not read out again
     state.messages.set(m.msg_id, m);
+    state.dirty.add(m.msg_id);  // a kept node is brought up to date (only what changed is touched)
     state.order.push(m.msg_id);
   }
   state.subscribed.clear();
@@ -154,10 +243,16 @@ function addMessage(sid, m) {
       const keep = new Set(state.order.slice(0, i + 1));
       state.order = state.order.filter((id) => keep.has(id) || state.messages.get(id)?.caller);
     }
+    // its siblings now have one more branch
+    for (const sib of m.siblings || []) {
+      const s = state.messages.get(sib);
+      if (s) { s.siblings = m.siblings; state.dirty.add(sib); }
+    }
   }
   state.order.push(m.msg_id);
   if (isOpen(m)) subscribe(m);
   renderMessages();
+  renderComposer();
 }
 
 function patch(u) {
@@ -165,19 +260,53 @@ function patch(u) {
   const m = state.messages.get(u.msg_id);
   if (!m) return;
   if (u.offset > m.content.length) { openSession(state.current, { keep: true }); return; }  // never expected
+  const wasOpen = isOpen(m);
   m.content = m.content.slice(0, u.offset) + u.content_delta;
   m.status = u.status;
   if (u.tree !== null && u.tree !== undefined) m.metadata = { ...m.metadata, context_tree: u.tree };
   if (u.aborted_reason) m.metadata = { ...m.metadata, aborted_reason: u.aborted_reason };
   if (u.error) m.error = u.error;
   if (!isOpen(m)) state.subscribed.delete(m.msg_id);
-  renderMessage(m);
+  announce(m);
+  if (wasOpen && !isOpen(m)) { drawNode(m); renderComposer(); return; }  // the end: at once
+  state.dirty.add(m.msg_id);
+  scheduleDraw();
+}
+
+// Tokens arrive many times a frame: draw once per frame.
+let drawScheduled = false;
+function scheduleDraw() {
+  if (drawScheduled) return;
+  drawScheduled = true;
+  requestAnimationFrame(() => {
+    drawScheduled = false;
+    const dirty = [...state.dirty];
+    state.dirty.clear();
+    keepBottom(() => { for (const id of dirty) { const m = state.messages.get(id); if (m) drawNode(m); } });
+  });
+}
+
+// Read finished paragraphs of a streaming reply to screen readers, once each.
+function announce(m) {
+  if (m.role !== "assistant" || m.caller) return;
+  const said = m._said ?? 0;
+  const upto = isOpen(m) ? m.content.lastIndexOf("\n\n") : m.content.length;
+  if (upto <= said) return;
+  const text = m.content.slice(said, upto).trim();
+  m._said = upto;
+  if (text) $("announce").textContent = text;
+  if (!isOpen(m)) {
+    const end = m.status === "done" ? "Reply finished." : `Reply ${m.status}.`;
+    setTimeout(() => { $("announce").textContent = end; }, 50);
+  }
 }
 
 function openDraft() {
+  closeRename();
   state.current = null;
   state.messages = new Map();
   state.order = [];
+  state.nodes = new Map();
   history.replaceState(null, "", `${location.pathname}${location.search}`);
   renderAll();
 }
@@ -187,36 +316,86 @@ function openDraft() {
 function el(tag, attrs = {}, ...kids) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
     if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else e.setAttribute(k, v);
+    else e.setAttribute(k, v === true ? "" : v);
   }
   for (const k of kids) if (k !== null && k !== undefined) e.append(k);
   return e;
 }
 
+function rowName(row) { return row.title || row.preview || "New chat"; }
+
 function displayTitle(row) {
-  const name = row.title || row.preview || "New chat";
   const brand = BRANDS[row.source];
-  return brand ? [el("span", { class: "brand-prefix" }, `[${brand}] `), name] : [name];
+  return brand ? [el("span", { class: "brand-prefix" }, `[${brand}] `), rowName(row)] : [rowName(row)];
+}
+
+function ago(seconds) {
+  if (!seconds) return "";
+  const d = Date.now() / 1000 - seconds;
+  if (d < 45) return "just now";
+  if (d < 3600) return `${Math.round(d / 60)} min ago`;
+  if (d < 86400) return `${Math.round(d / 3600)} h ago`;
+  if (d < 86400 * 7) return `${Math.round(d / 86400)} d ago`;
+  return new Date(seconds * 1000).toLocaleDateString();
+}
+
+function timeEl(seconds) {
+  if (!seconds) return null;
+  const at = new Date(seconds * 1000);
+  return el("time", { datetime: at.toISOString(), title: at.toLocaleString() }, ago(seconds));
 }
 
 function renderSidebar() {
   const ul = $("sessions");
+  const q = state.search.trim().toLowerCase();
   const rows = [...state.sessions.values()].filter((r) =>
-    state.view === "all" || (state.view === "archived" ? r.archived : !r.archived));
+    (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived))
+    && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
   rows.sort((a, b) => (b.pinned - a.pinned) || (b.updated_at - a.updated_at) || (a.id < b.id ? -1 : 1));
-  ul.replaceChildren(...rows.map((r) => el("li", {
-      class: r.id === state.current ? "current" : "", "data-id": r.id, onclick: () => openSession(r.id) },
-    el("div", { class: "row-title" }, r.pinned ? el("span", { class: "pin", title: "pinned" }, "★") : null, ...displayTitle(r),
-      r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
-      r.archived ? el("span", { class: "badge archived" }, "archived") : null),
-    el("div", { class: "row-preview" }, r.preview || "no messages yet"))));
-  for (const b of $("views").children) b.classList.toggle("on", b.dataset.view === state.view);
+  const items = rows.map((r) => el("li", { "data-id": r.id, class: r.id === state.current ? "current" : null },
+    el("button", { class: "row", type: "button", "aria-current": r.id === state.current ? "page" : null,
+                   onclick: () => openSession(r.id) },
+      el("span", { class: "row-title" }, r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
+        ...displayTitle(r),
+        r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
+        r.archived ? el("span", { class: "badge archived" }, "archived") : null,
+        r.damaged ? el("span", { class: "badge error" }, "damaged") : null),
+      el("span", { class: "row-preview" }, r.preview || "no messages yet"),
+      el("span", { class: "row-time" }, ago(r.updated_at)))));
+  if (!items.length) {
+    const why = q ? `No chats match “${state.search.trim()}”.` : state.view === "archived" ? "No archived chats."
+      : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
+    items.push(el("li", { class: "none" }, why));
+  }
+  ul.replaceChildren(...items);
+  for (const b of $("views").children) {
+    const on = b.dataset.view === state.view;
+    b.setAttribute("aria-selected", String(on));
+    b.tabIndex = on ? 0 : -1;
+    if (on) $("session-panel").setAttribute("aria-labelledby", b.id);
+  }
+}
+
+function renderRunning() {
+  const btn = $("running-btn"), list = $("running-list");
+  const n = state.running.length;
+  btn.hidden = n === 0;
+  btn.textContent = `${n} running`;
+  if (!n) { list.hidden = true; btn.setAttribute("aria-expanded", "false"); }
+  list.replaceChildren(...state.running.map((r) => {
+    const row = state.sessions.get(r.session_id);
+    return el("li", {}, el("button", { type: "button", class: "row", onclick: () => { list.hidden = true;
+      btn.setAttribute("aria-expanded", "false"); openSession(r.session_id); } },
+      `${row ? rowName(row) : r.session_id} · ${r.kind.replace("_", " ")}`));
+  }));
 }
 
 function renderHeader() {
   const row = state.current ? state.sessions.get(state.current) : null;
   $("title").replaceChildren(...(row ? displayTitle(row) : ["New chat"]));
+  document.title = row ? `${rowName(row)} — sessionlog` : "New chat — sessionlog";
   $("actions").hidden = !row;
   if (row) {
     $("act-pin").textContent = row.pinned ? "Unpin" : "Pin";
@@ -225,23 +404,29 @@ function renderHeader() {
   renderProject();
 }
 
-function renderMessages() {
+function keepBottom(fn) {
   const box = $("messages");
-  const nodes = state.order.map((id) => state.messages.get(id)).filter(Boolean).map(renderNode);
-  if (!nodes.length) nodes.push(el("div", { id: "empty", class: "empty" },
-    "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost."));
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
-  box.replaceChildren(...nodes);
+  fn();
   if (atBottom) box.scrollTop = box.scrollHeight;
 }
 
-function renderMessage(m) {
-  const old = document.querySelector(`[data-msg="${CSS.escape(m.msg_id)}"]`);
-  if (!old) return renderMessages();
+// The list in branch order, reusing each message's node: nodes that stay are
+// never detached (a detached node loses the user's selection).
+function renderMessages() {
   const box = $("messages");
-  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
-  old.replaceWith(renderNode(m));
-  if (atBottom) box.scrollTop = box.scrollHeight;
+  const want = state.order.map((id) => state.messages.get(id)).filter(Boolean).map((m) => {
+    let node = state.nodes.get(m.msg_id);
+    if (!node) { node = buildNode(m); state.nodes.set(m.msg_id, node); } else if (state.dirty.has(m.msg_id)) drawNode(m);
+    return node;
+  });
+  if (!want.length) want.push(el("div", { id: "empty", class: "empty" }, EMPTY_CHAT));
+  keepBottom(() => {
+    const have = [...box.children];
+    if (have.length === want.length && have.every((n, i) => n === want[i])) return;
+    for (const n of have) if (!want.includes(n)) n.remove();
+    want.forEach((n, i) => { if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null); });
+  });
 }
 
 function renderTree(t) {
@@ -251,29 +436,74 @@ function renderTree(t) {
     kids.length ? el("ul", { class: "tree" }, ...kids.map((k) => el("li", { class: k.status || "" }, String(k.name ?? "")))) : null));
 }
 
-function renderNode(m) {
+function buildNode(m) {
+  const node = m.caller
+    ? el("div", { class: "block", "data-msg": m.msg_id },
+        el("div", { class: "head" }), el("div", { class: "tree-box" }), el("pre", { class: "text" }), el("div", { class: "meta" }))
+    : el("article", { class: "msg", "data-msg": m.msg_id },
+        el("div", { class: "who" }), el("div", { class: "bubble" }), el("div", { class: "meta" }));
+  node._content = null;
+  drawNode(m, node);
+  return node;
+}
+
+// Bring a message's node up to date, touching only what changed.
+function drawNode(m, node = state.nodes.get(m.msg_id)) {
+  if (!node) return;
+  state.dirty.delete(m.msg_id);
+  node.className = m.caller ? `block ${m.kind} ${m.status}` : `msg ${m.role} ${m.status}`;
+  node.dataset.status = m.status;
   const reason = m.metadata?.aborted_reason || m.error;
   const badge = m.status !== "done" ? el("span", { class: `badge ${m.status}` }, m.status) : null;
   if (m.caller) {
     const label = m.kind === "tool_call" ? `Tool call${m.metadata?.tool ? ": " + m.metadata.tool : ""}`
       : m.kind === "agentic_fn" ? `Agentic function${m.metadata?.function ? ": " + m.metadata.function : ""}`
       : m.kind === "relocate" ? "Project relocated" : m.kind;
-    return el("div", { class: `block ${m.kind} ${m.status}`, "data-msg": m.msg_id, "data-status": m.status },
-      el("div", { class: "head" }, label, badge),
-      m.kind === "agentic_fn" ? renderTree(m.metadata?.context_tree) : null,
-      el("pre", {}, m.content),
-      reason && m.status !== "done" ? el("div", { class: "why" }, reason) : null);
+    node.querySelector(".head").replaceChildren(label, badge || "");
+    node.querySelector(".tree-box").replaceChildren(...(m.kind === "agentic_fn" ? [renderTree(m.metadata?.context_tree)].filter(Boolean) : []));
+    const pre = node.querySelector(".text");
+    if (pre.textContent !== m.content) {
+      if (m.content.startsWith(pre.textContent)) pre.append(m.content.slice(pre.textContent.length));
+      else pre.textContent = m.content;
+    }
+    node.querySelector(".meta").replaceChildren(...(reason && m.status !== "done" ? [el("div", { class: "why" }, reason)] : []));
+    return;
   }
   const who = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : m.role;
+  node.querySelector(".who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
+  const bubble = node.querySelector(".bubble");
+  if (node._content !== m.content) {
+    if (m.role === "assistant") renderMarkdownInto(bubble, m.content);
+    else bubble.textContent = m.content;
+    node._content = m.content;
+  }
+  node.querySelector(".meta").replaceChildren(...metaParts(m, reason));
+}
+
+function metaParts(m, reason) {
+  const out = [];
+  if (m.status === "aborted" || m.status === "error") {
+    out.push(el("div", { class: "why" }, `${m.status === "aborted" ? "Aborted" : "Error"}: ${reason || "unknown"}`));
+  }
   const controls = [];
-  if (m.role === "assistant" && isOpen(m)) controls.push(el("button", { class: "stop", onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
-  const why = (m.status === "aborted" || m.status === "error") ? el("div", { class: "why" },
-    `${m.status === "aborted" ? "Aborted" : "Error"}: ${reason || "unknown"}`,
-    m.role === "assistant" ? el("button", { class: "retry", onclick: () => retry(m.msg_id) }, "Retry") : null) : null;
-  return el("div", { class: `msg ${m.role} ${m.status}`, "data-msg": m.msg_id, "data-status": m.status },
-    el("div", { class: "who" }, who, badge),
-    el("div", { class: "bubble" }, m.content),
-    why, controls.length ? el("div", { class: "controls" }, ...controls) : null);
+  const sibs = m.siblings || [];
+  if (sibs.length > 1) {
+    const i = sibs.indexOf(m.msg_id);
+    controls.push(el("span", { class: "branches", role: "group", "aria-label": "versions of this reply" },
+      el("button", { type: "button", "aria-label": "previous version", disabled: i <= 0,
+                     onclick: () => switchBranch(sibs[i - 1]) }, "‹"),
+      el("span", { class: "branch-pos" }, `${i + 1}/${sibs.length}`),
+      el("button", { type: "button", "aria-label": "next version", disabled: i >= sibs.length - 1,
+                     onclick: () => switchBranch(sibs[i + 1]) }, "›")));
+  }
+  if (m.role === "assistant" && isOpen(m)) {
+    controls.push(el("button", { class: "stop", type: "button", onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
+  } else if (m.role === "assistant") {
+    controls.push(el("button", { class: "retry", type: "button", onclick: () => retry(m.msg_id) },
+      m.status === "done" ? "Regenerate" : "Retry"));
+  }
+  if (controls.length) out.push(el("div", { class: "controls" }, ...controls));
+  return out;
 }
 
 function currentProject() {
@@ -299,12 +529,39 @@ function renderProject() {
   if ($("locate").hidden) $("locate-input").hidden = true;
 }
 
-function renderAll() { renderSidebar(); renderHeader(); renderMessages(); }
+function runningReply() {
+  for (const id of state.order) {
+    const m = state.messages.get(id);
+    if (m && m.role === "assistant" && !m.caller && isOpen(m)) return m;
+  }
+  return null;
+}
+
+// Send turns into Stop while this chat's reply streams; offline, nothing is sent.
+function renderComposer() {
+  const running = runningReply();
+  const send = $("send");
+  send.textContent = running ? "Stop" : "Send";
+  send.classList.toggle("danger", !!running);
+  send.disabled = !state.online;
+  const input = $("input");
+  const hadFocus = document.activeElement === input;
+  input.disabled = !state.online;
+  if (state.online && input.dataset.refocus) { delete input.dataset.refocus; if (document.activeElement === document.body) input.focus(); }
+  if (!state.online && hadFocus) input.dataset.refocus = "1";  // a disabled box loses focus: give it back
+}
+
+function renderAll() { renderSidebar(); renderHeader(); renderMessages(); renderComposer(); }
 
 function showConn() {
   const c = $("conn");
   c.textContent = state.online ? "live" : "reconnecting…";
   c.className = `conn ${state.online ? "online" : "offline"}`;
+  document.body.classList.toggle("offline", !state.online);
+  const banner = $("offline-banner");
+  banner.hidden = state.online || !state.everOpened;
+  banner.textContent = "Connection lost: reconnecting… Sending is paused; running replies continue on the server and catch up here when the connection is back.";
+  renderComposer();
 }
 
 function showError(msg) {
@@ -324,41 +581,104 @@ async function retry(msgId) {
   if (r) await openSession(state.current, { keep: true });
 }
 
+async function switchBranch(msgId) {
+  const r = await act("switch_branch", { msg_id: msgId });
+  if (r) await openSession(state.current, { keep: true });
+}
+
 async function send(text) {
+  if (runningReply()) { act("stop", { msg_id: runningReply().msg_id }); return; }
   if (!text.trim()) return;
   try {
     const fields = { content: text };
     if (state.current) fields.session_id = state.current; else fields.project_id = state.draftProject;
     const ack = await request("chat", fields);
     $("input").value = "";
+    growInput();
     await openSession(ack.session_id, { keep: ack.session_id === state.current });
+    refreshRunning();
   } catch (e) { showError(e.message); }
+}
+
+function growInput() {
+  const t = $("input");
+  t.style.height = "auto";
+  t.style.height = `${Math.min(t.scrollHeight + 2, 200)}px`;
+}
+
+function newChat() { openDraft(); closeDrawer(); $("input").focus(); }
+
+function openDrawer() {
+  document.body.classList.add("drawer-open");
+  $("scrim").hidden = false;
+  $("menu-btn").setAttribute("aria-expanded", "true");
+  $("sessions").querySelector("button")?.focus();
+}
+
+function closeDrawer() {
+  if (!document.body.classList.contains("drawer-open")) return;
+  document.body.classList.remove("drawer-open");
+  $("scrim").hidden = true;
+  $("menu-btn").setAttribute("aria-expanded", "false");
+}
+
+function closeRename() {
+  $("title-input").hidden = true; $("title").hidden = false; state.renameFor = null;
 }
 
 $("send-form").addEventListener("submit", (ev) => { ev.preventDefault(); send($("input").value); });
 $("input").addEventListener("keydown", (ev) => {
-  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); send($("input").value); }
+  if (ev.isComposing || ev.keyCode === 229) return;  // an IME is composing: Enter picks a candidate
+  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); if (!runningReply()) send($("input").value); }
 });
-$("new-chat").addEventListener("click", async () => {
-  try {
-    const r = await request("create_session", { project_id: state.draftProject });
-    state.sessions.set(r.session.id, r.session);
-    await openSession(r.session.id);
-  } catch (e) { showError(e.message); }
-});
+$("input").addEventListener("input", growInput);
+$("new-chat").addEventListener("click", newChat);
+$("search").addEventListener("input", (ev) => { state.search = ev.target.value; renderSidebar(); });
 for (const b of $("views").children) b.addEventListener("click", () => { state.view = b.dataset.view; renderSidebar(); });
+$("views").addEventListener("keydown", (ev) => {  // arrow keys move between tabs
+  if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
+  const tabs = [...$("views").children];
+  const i = tabs.findIndex((t) => t.dataset.view === state.view);
+  const next = tabs[(i + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
+  state.view = next.dataset.view; renderSidebar(); next.focus();
+});
+$("running-btn").addEventListener("click", () => {
+  const list = $("running-list");
+  list.hidden = !list.hidden;
+  $("running-btn").setAttribute("aria-expanded", String(!list.hidden));
+});
+$("menu-btn").addEventListener("click", () => (document.body.classList.contains("drawer-open") ? closeDrawer() : openDrawer()));
+$("scrim").addEventListener("click", closeDrawer);
+$("help-btn").addEventListener("click", () => $("help").showModal());
 $("act-rename").addEventListener("click", () => {
   const input = $("title-input");
+  state.renameFor = state.current;
   input.value = state.sessions.get(state.current)?.title || "";
   input.hidden = false; $("title").hidden = true; input.focus(); input.select();
 });
+$("title-input").addEventListener("blur", closeRename);
 $("title-input").addEventListener("keydown", async (ev) => {
   if (ev.key !== "Enter" && ev.key !== "Escape") return;
+  ev.stopPropagation();
   const input = $("title-input");
-  input.hidden = true; $("title").hidden = false;
-  if (ev.key === "Enter" && input.value.trim()) await act("rename_session", { title: input.value.trim() });
+  const sid = state.renameFor;
+  const title = input.value.trim();
+  closeRename();
+  if (ev.key === "Enter" && title && sid) {
+    try { await request("rename_session", { session_id: sid, title }); } catch (e) { showError(e.message); }
+  }
 });
-$("act-regenerate").addEventListener("click", () => act("rename_session", { regenerate: true }));
+$("act-regenerate").addEventListener("click", (ev) => {
+  const row = state.sessions.get(state.current);
+  const b = ev.currentTarget;
+  if (row?._user_titled && !b.classList.contains("confirm")) {  // a title the user typed: ask first
+    b.classList.add("confirm"); b.textContent = "Replace your title?";
+    setTimeout(() => { b.classList.remove("confirm"); b.textContent = "Regenerate title"; }, 4000);
+    return;
+  }
+  b.classList.remove("confirm"); b.textContent = "Regenerate title";
+  act("rename_session", { regenerate: true });
+});
 $("act-pin").addEventListener("click", () => act("set_pinned", { pinned: !state.sessions.get(state.current)?.pinned }));
 $("act-archive").addEventListener("click", () => act("set_archived", { archived: !state.sessions.get(state.current)?.archived }));
 $("act-delete").addEventListener("click", async (ev) => {
@@ -382,6 +702,33 @@ $("locate-input").addEventListener("keydown", async (ev) => {
   const r = await act("relocate_project", { project_id: currentProject().id, path: ev.target.value.trim() });
   if (r) { ev.target.hidden = true; ev.target.value = ""; await openSession(state.current, { keep: true }); }
 });
+$("token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  TOKEN = $("token-input").value.trim();
+  const q = new URLSearchParams(location.search);
+  q.set("token", TOKEN);
+  history.replaceState(null, "", `${location.pathname}?${q}${location.hash}`);
+  state.failedOpens = 0; state.backoff = 250;
+  $("token-box").hidden = true;
+  try { state.ws?.close(); } catch { /* closed */ }
+});
+document.addEventListener("keydown", (ev) => {
+  if (ev.ctrlKey && ev.shiftKey && (ev.key === "O" || ev.key === "o")) { ev.preventDefault(); newChat(); return; }
+  if (ev.ctrlKey && ev.key === "/") { ev.preventDefault(); $("help").showModal(); return; }
+  if (ev.key === "Escape" && ev.shiftKey) { ev.preventDefault(); $("input").focus(); return; }
+  if (ev.key === "Escape" && !$("help").open) {
+    if (document.body.classList.contains("drawer-open")) { closeDrawer(); $("menu-btn").focus(); return; }
+    const m = runningReply();
+    if (m) { ev.preventDefault(); act("stop", { msg_id: m.msg_id }); }
+  }
+});
+setInterval(() => {  // relative times stay true
+  for (const t of document.querySelectorAll("#messages time")) {
+    t.textContent = ago(Date.parse(t.getAttribute("datetime")) / 1000);
+  }
+}, 30000);
 
+$("input").dataset.refocus = "1";  // focus goes to the composer on load, once it is enabled
 renderAll();
+showConn();
 connect();
