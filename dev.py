@@ -4,6 +4,7 @@
     python3 dev.py serve [sessionlog serve options]   the server and its web page
     python3 dev.py test [pytest options]               the test suite
     python3 dev.py torture                             the reliability suite's long mode
+    python3 dev.py screenshots                         regenerate docs/screenshots/ (the browser tests)
 
 Needs only Python 3.11+; everything else is installed into ./.venv.
 """
@@ -36,7 +37,7 @@ def ensure_venv() -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"serve", "test", "torture"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"serve", "test", "torture", "screenshots"}:
         sys.exit(__doc__)
     ensure_venv()
     job, rest = sys.argv[1], sys.argv[2:]
@@ -47,6 +48,9 @@ def main() -> None:
         os.environ.setdefault("SESSIONLOG_POWERLOSS_IMAGES", "20000")
         cmd = [str(BIN / "python"), "-m", "pytest", "-s", "tests/test_torture.py", "tests/test_powerloss.py",
                "tests/test_faults.py", "tests/test_fuzz.py", "tests/test_hostile.py", "tests/test_damage.py", *rest]
+    elif job == "screenshots":
+        os.environ["SESSIONLOG_SCREENSHOTS"] = str(ROOT / "docs" / "screenshots")
+        cmd = [str(BIN / "python"), "-m", "pytest", "-q", "tests/test_browser.py", *rest]
     else:
         cmd = [str(BIN / "python"), "-m", "pytest", *rest]
     os.chdir(ROOT)

@@ -454,8 +454,11 @@ def test_phone_layout_drawer_and_tap_targets(serve, browser):
     page.fill("#input", "Hello from a phone")
     page.press("#input", "Enter")
     page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    shot(page, "phone-chat")
     page.click("#menu-btn")
     page.wait_for_selector("#sidebar", state="visible")
+    page.wait_for_timeout(300)  # the drawer's slide
+    shot(page, "phone-drawer")
     assert page.get_attribute("#menu-btn", "aria-expanded") == "true"
     assert axe_violations(page) == []
     small = page.evaluate("""() => [...document.querySelectorAll("button, input, select, textarea")]
@@ -490,8 +493,7 @@ def test_keyboard_only_user_opens_a_saved_chat_and_stops_a_reply(serve, browser)
     assert page.evaluate("document.querySelector('#sessions').tagName") == "UL"
     row.focus()
     page.keyboard.press("Enter")
-    page.wait_for_function(f'window.sessionlog.current === "{first}"')
-    assert row.get_attribute("aria-current") == "page"
+    page.wait_for_selector(f'#sessions li[data-id="{first}"] button.row[aria-current="page"]')
     tabs = page.locator('#views [role="tab"]')
     assert tabs.count() == 3 and tabs.first.get_attribute("aria-selected") == "true"
     page.locator('#views [data-view="active"]').focus()
@@ -536,6 +538,7 @@ def test_markdown_renders_highlighted_with_copy_offline(serve, browser):
     assert link.get_attribute("rel") == "noopener noreferrer" and link.get_attribute("target") == "_blank"
     assert "**" not in reply.inner_text() and "```" not in reply.inner_text()
     assert reply.locator("pre button.copy").count() == 1
+    shot(page, "markdown")
     assert all(u.startswith(serve.url.split("/?")[0]) for u in asked), asked  # nothing from a CDN
     assert not page.errors
 
@@ -643,6 +646,7 @@ def test_rows_badges_running_indicator_and_branches_in_every_tab(serve, browser)
     a.wait_for_selector(".branch-pos", timeout=30_000)
     a.wait_for_selector(".msg.assistant.done", timeout=60_000)
     assert a.inner_text(".branch-pos") == "2/2"
+    shot(a, "branches")
     b.wait_for_function("document.querySelector('.branch-pos')?.textContent === '2/2'", timeout=30_000)
     a.click('[aria-label="previous version"]')
     a.wait_for_function("document.querySelector('.branch-pos')?.textContent === '1/2'")
