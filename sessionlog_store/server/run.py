@@ -17,7 +17,7 @@ from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.fsio import OS_FILES, FileOps
 from sessionlog_store.server.agents import Agent, DemoAgent, load_agents
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
-from sessionlog_store.server.edge.ws import Server, ServerConfig
+from sessionlog_store.server.edge.ws import Server, ServerConfig, leaf_errors
 from sessionlog_store.server.gc_policy import tune_gc
 
 log = logging.getLogger("sessionlog.run")
@@ -44,12 +44,6 @@ EXIT_STOP_TIMEOUT: Final = 4   # the stop took longer than --stop-grace (or a se
 EXIT_STORE_FAILED: Final = 5   # the store failed while serving (a write or sync error); restart to recover
 # How long a graceful stop may take before the server exits anyway.
 STOP_GRACE: Final = 10.0
-
-
-def _leaf_errors(e: BaseException) -> list[BaseException]:
-    if isinstance(e, BaseExceptionGroup):
-        return [leaf for sub in e.exceptions for leaf in _leaf_errors(sub)]
-    return [e]
 
 
 def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConfig | None = None) -> int:
@@ -144,7 +138,7 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
     try:
         trio.run(main)
     except BaseException as e:  # noqa: BLE001 - sorted below: known failures are one line
-        errors = _leaf_errors(e)
+        errors = leaf_errors(e)
         if not all(isinstance(x, EventStoreError | OSError | ValueError) for x in errors):
             raise
         for x in errors:

@@ -23,7 +23,11 @@ from wsproto import ConnectionType, WSConnection
 MAX_HEAD: Final = 16 * 1024
 HEAD_TIMEOUT: Final = 10.0
 REPLY_TIMEOUT: Final = 5.0
+# How long a refused client may go on sending before we close (nginx: lingering_time 30 s,
+# lingering_timeout 5 s; a refused head needs far less).
+LINGER: Final = 2.0
 _BARE_LF: Final = re.compile(rb"(?<!\r)\n")
+_FOLDED: Final = re.compile(rb"\r\n[ \t]")
 _COMMON: Final = [(b"Cache-Control", b"no-store"), (b"X-Content-Type-Options", b"nosniff"),
                   (b"Connection", b"close")]
 
@@ -37,11 +41,18 @@ class Request:
 
     @property
     def path(self) -> str:
-        return urlsplit(self.target).path
+        """The target's path ("" when the target cannot be parsed)."""
+        try:
+            return urlsplit(self.target).path
+        except ValueError:  # "//[x/"
+            return ""
 
     @property
     def query(self) -> dict[str, list[str]]:
-        return parse_qs(urlsplit(self.target).query)
+        try:
+            return parse_qs(urlsplit(self.target).query)
+        except ValueError:
+            return {}
 
 
 class Exchange:
@@ -51,10 +62,12 @@ class Exchange:
         self.stream = stream
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.request: Request | None = None
+        self._head_only = False  # the request is a HEAD (known before its head parses)
 
     async def read_request(self) -> Request | None:
-        """The request head, or None when it is malformed, too long, repeats
-        Host or Origin, or does not arrive within HEAD_TIMEOUT."""
+        """The request head, or None when it is malformed, over MAX_HEAD bytes,
+        not HTTP/1.0 or 1.1, has a bare LF line end or a folded header line,
+        repeats Host or Origin, or does not arrive within HEAD_TIMEOUT."""
         raw = b""
         with trio.move_on_after(HEAD_TIMEOUT):
             while True:
@@ -63,8 +76,11 @@ class Exchange:
                 except h11.RemoteProtocolError:
                     return None
                 if event is h11.NEED_DATA:
+                    if len(raw) > MAX_HEAD:
+                        return None
                     data = bytes(await self.stream.receive_some(4096))
                     raw += data
+                    self._head_only = raw.startswith(b"HEAD ")
                     self.h11.receive_data(data)
                     continue
                 if not isinstance(event, h11.Request):
@@ -72,50 +88,84 @@ class Exchange:
                 break
         if not isinstance(event, h11.Request):
             return None  # timed out
-        head = raw[:len(raw) - len(self.h11.trailing_data[0])]
-        if _BARE_LF.search(head):
-            # RFC 9112 lets a server take a bare LF for a line end; a proxy in
-            # front may not (one header to it, two to us): refuse it
-            return None
         headers: dict[str, str] = {}
+        repeated = False
         for name, value in event.headers:
             key, text = name.decode("latin-1"), value.decode("latin-1")
             if key in headers:
-                if key in ("host", "origin"):
-                    return None  # a repeated Host or Origin is ambiguous: refuse
+                repeated |= key in ("host", "origin")
                 headers[key] += ", " + text
             else:
                 headers[key] = text
+        # Known from here on (a refusal to a HEAD carries no body).
         self.request = Request(event.method.decode("latin-1"), event.target.decode("latin-1"), headers,
                                list(event.headers))
+        head = raw[:len(raw) - len(self.h11.trailing_data[0])]
+        if (len(head) > MAX_HEAD or event.http_version not in (b"1.0", b"1.1") or repeated
+                or _BARE_LF.search(head) or _FOLDED.search(head)):
+            # A bare LF or a folded line: RFC 9112 lets a server accept them, a
+            # proxy in front may read them differently (one header to it, two
+            # to us). A repeated Host or Origin is ambiguous. All refused.
+            return None
         return self.request
+
+    def upgrade_problem(self) -> tuple[int, str] | None:
+        """Why the request is not a WebSocket upgrade wsproto can accept (status, text), or None."""
+        req = self.request
+        assert req is not None
+        if req.method != "GET":
+            return 400, "a WebSocket upgrade is a GET"
+        if req.headers.get("sec-websocket-version", "").strip() != "13":
+            return 426, "Sec-WebSocket-Version 13 is needed"
+        if not req.headers.get("sec-websocket-key", "").strip():
+            return 400, "no Sec-WebSocket-Key"
+        if "upgrade" not in {t.strip().lower() for t in req.headers.get("connection", "").split(",")}:
+            return 400, "no Connection: Upgrade"
+        if "content-length" in req.headers or "transfer-encoding" in req.headers:
+            return 400, "an upgrade has no body"
+        return None
 
     async def reply(self, status: int, body: bytes = b"", content_type: str = "text/plain; charset=utf-8",
                     headers: dict[str, str] | None = None) -> None:
         """Answer and let the caller close. A HEAD request gets the headers only."""
-        fields = [(b"Content-Type", content_type.encode()), (b"Content-Length", str(len(body)).encode()),
+        fields = [*([] if status == 204 else [(b"Content-Type", content_type.encode()),
+                                              (b"Content-Length", str(len(body)).encode())]),
                   *_COMMON, *((k.encode(), v.encode("latin-1")) for k, v in (headers or {}).items())]
         try:
             data = self.h11.send(h11.Response(status_code=status, headers=fields,
                                               reason=HTTPStatus(status).phrase.encode()))
-            if body and not (self.request is not None and self.request.method == "HEAD"):
-                data += self.h11.send(h11.Data(data=body)) or b""
-            data += self.h11.send(h11.EndOfMessage()) or b""
+            if not self._head_only:  # a HEAD's answer ends with its head (we close after it)
+                if body:
+                    data += self.h11.send(h11.Data(data=body)) or b""
+                data += self.h11.send(h11.EndOfMessage()) or b""
         except h11.LocalProtocolError:  # no answer fits this state (a broken head): just close
             return
         with trio.move_on_after(REPLY_TIMEOUT):
             await self.stream.send_all(data)
 
+    async def linger(self) -> None:
+        """After refusing a head we did not read to its end: half-close, then
+        read and drop what the client still sends (for up to LINGER seconds),
+        so that closing with unread bytes does not reset the connection and
+        take our answer with it (nginx's lingering_close)."""
+        try:
+            await self.stream.send_eof()  # type: ignore[attr-defined]
+            with trio.move_on_after(LINGER):
+                while await self.stream.receive_some(65536):
+                    pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, AttributeError):
+            pass
+
     async def upgrade(self, nursery: trio.Nursery, max_message_size: int) -> WebSocketRequest:
-        """Hand the (checked) upgrade request to wsproto, as its
-        `initiate_upgrade_connection` is meant for: a request another HTTP
-        parser already read. The WebSocket's reader runs in `nursery`."""
+        """Hand the upgrade request (checked by `upgrade_problem`) to wsproto,
+        as its `initiate_upgrade_connection` is meant for: a request another
+        HTTP parser already read. The WebSocket's reader runs in `nursery`.
+        Bytes a client sent after its head and before our 101 are not
+        frames (RFC 6455 4.1: a client waits for the 101) and are dropped.
+        Raises wsproto's RemoteProtocolError for what it refuses."""
         assert self.request is not None
         ws = WSConnection(ConnectionType.SERVER)
         ws.initiate_upgrade_connection(self.request.raw_headers, self.request.target)
-        trailing, _closed = self.h11.trailing_data
-        if trailing:  # frames the client sent before our 101 (allowed to pipeline)
-            ws.receive_data(trailing)
         conn = WebSocketConnection(self.stream, ws, max_message_size=max_message_size)
         # What trio_websocket.wrap_server_stream does after making its own
         # WSConnection (it cannot be given ours); pinned in pyproject.toml.

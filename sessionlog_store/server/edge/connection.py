@@ -1,0 +1,347 @@
+"""One WebSocket client: the reader loop (decode, `match`, call the store,
+reply), a sender task draining a bounded queue with a timeout per frame (a
+client that stops reading is dropped; it can resume exactly), keepalive pings
+and the client's subscriptions. Every exception of a frame is caught and
+answered; nothing a client sends can stop the server.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from sessionlog_store.eventstore.errors import (InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
+                                                StoreClosed, UnknownSession)
+from sessionlog_store.eventstore.ids import validate_session_id
+from sessionlog_store.projections.session import SessionState
+from sessionlog_store.server.domain.errors import NotFound, ServiceError
+from sessionlog_store.server.domain.subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
+from sessionlog_store.server.edge import protocol as p
+
+if TYPE_CHECKING:
+    from sessionlog_store.server.edge.ws import Server
+
+log = logging.getLogger("sessionlog.ws")
+
+# Frames queued for one client before it is dropped as too slow.
+SEND_QUEUE: Final = 512
+# A client that has not taken one frame in this long is dropped.
+SEND_TIMEOUT: Final = 5.0
+# Subscriptions one connection may hold (a page subscribes to running messages only).
+MAX_SUBSCRIPTIONS: Final = 1000
+
+
+def _error_of(e: BaseException) -> tuple[str, str]:
+    match e:
+        case ServiceError(code=code, message=message):
+            return code, message
+        case InvalidSessionId():
+            return "invalid_session_id", str(e)
+        case UnknownSession():
+            return "unknown_session", str(e)
+        case SessionReadOnly():
+            return "read_only", str(e)
+        case RecordTooLarge():
+            return "frame_too_large", str(e)
+        case StoreBroken() | StoreClosed():
+            return "store_broken", str(e)
+        case OSError():
+            return "store_broken", f"a disk operation failed: {e}"
+        case _:
+            return "internal", f"{type(e).__name__}: {e}"
+
+
+class _Pending:
+    """A subscription's update waiting in a connection's send queue."""
+    __slots__ = ("key", "update", "frame")
+
+    def __init__(self, key: tuple[str, str], update: MsgUpdate, frame: str | None) -> None:
+        self.key, self.update, self.frame = key, update, frame
+
+
+class Connection:
+    """One WebSocket client."""
+
+    def __init__(self, server: Server, ws: WebSocketConnection, nursery: trio.Nursery) -> None:
+        self.server = server
+        self.store = server.store
+        self.ws = ws
+        self.nursery = nursery
+        self._send, self._recv = trio.open_memory_channel[str | _Pending](SEND_QUEUE)
+        self.subs: dict[tuple[str, str], Subscription] = {}
+        # Per subscription, the update queued and not yet taken by the sender:
+        # later updates are merged into it (a slow client gets one update
+        # with everything it lacks, not a growing queue).
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        # Sessions this client loaded: it is told of their new messages (`message_created`).
+        self.watching: set[str] = set()
+        self.dropped = False
+        self.remote = "?"  # the client's address, for the log
+        self.handling = False  # a request of this client is being answered
+        self._busy = 0.0  # seconds spent answering its requests, up to the last one answered
+        self._busy_since = 0.0
+        # Frames queued and not yet written to the socket. (The channel's buffer
+        # alone does not say: a frame handed straight to a waiting sender task
+        # is in neither.)
+        self.unsent = 0
+
+    def send_nowait(self, frame: str | _Pending) -> None:
+        """Queue a frame; a client whose queue is full is dropped."""
+        if self.dropped:
+            return
+        try:
+            self._send.send_nowait(frame)
+            self.unsent += 1
+        except trio.WouldBlock:
+            self.drop("send queue full")
+        except trio.ClosedResourceError:
+            pass
+
+    def drained(self) -> bool:
+        """No subscription left, nothing queued or being written."""
+        return not (self.subs or self.unsent)
+
+    def drop(self, why: str) -> None:
+        if not self.dropped:
+            self.dropped = True
+            self.server.dropped += 1
+            log.warning("dropping a slow client: %s", why, extra={"remote": self.remote})
+            self.nursery.cancel_scope.cancel()
+
+    def deliver(self, sub: Subscription, update: MsgUpdate, shared: bool) -> None:
+        """A subscription's update (the sink of every subscription here)."""
+        key = sub.key
+        if update.status in TERMINAL and self.subs.get(key) is sub:
+            del self.subs[key]
+        pieces = split_update(update)
+        if len(pieces) > 1:
+            shared = False
+        for piece in pieces:
+            pend = self._pending.get(key)
+            if pend is not None:
+                merged = merge_updates(pend.update, piece)
+                if merged is not None:
+                    pend.update, pend.frame = merged, None
+                    continue
+            pend = _Pending(key, piece, self.server.shared_frame(piece) if shared else None)
+            self._pending[key] = pend
+            self.send_nowait(pend)
+
+    def busy_time(self) -> float:
+        """Seconds spent answering this client's requests so far."""
+        return self._busy + (trio.current_time() - self._busy_since if self.handling else 0.0)
+
+    async def _keepalive(self) -> None:
+        cfg = self.server.config
+        while True:
+            await trio.sleep(cfg.ping_interval)
+            busy_at_send = self.busy_time()
+            with trio.move_on_after(cfg.ping_timeout):
+                try:
+                    await self.ws.ping()
+                except ConnectionClosed:
+                    return
+                continue
+            if self.busy_time() - busy_at_send >= cfg.ping_timeout / 2:
+                # our own slow requests held this client's frames (and the pong
+                # queued behind them) unread for much of the wait: not its fault.
+                # Quick requests do not count: a peer that never answers pings
+                # is dropped however often it sends.
+                continue
+            self.drop(f"no pong within {cfg.ping_timeout:g} s")
+            return
+
+    async def _sender(self) -> None:
+        async for item in self._recv:
+            if isinstance(item, _Pending):
+                if self._pending.get(item.key) is item:
+                    del self._pending[item.key]  # later updates make a new item
+                frame = item.frame or p.encode_frame("msg_update", p.to_wire(item.update))
+            else:
+                frame = item
+            with trio.move_on_after(self.server.config.send_timeout):
+                try:
+                    await self.ws.send_message(frame)
+                except ConnectionClosed:
+                    self.nursery.cancel_scope.cancel()  # the client left; the reader ends too
+                    return
+                finally:
+                    self.unsent -= 1
+                continue
+            self.drop("a frame was not taken within the send timeout")
+            return
+
+    async def run(self) -> None:
+        self.nursery.start_soon(self._sender)
+        if self.server.config.ping_interval > 0:
+            self.nursery.start_soon(self._keepalive)
+        while True:
+            try:
+                frame = await self.ws.get_message()
+            except ConnectionClosed:
+                return
+            action: str | None = None
+            rid: p.RequestId = None
+            try:
+                req = p.decode_action(frame)
+                action, rid = req.__struct_config__.tag, req.request_id  # type: ignore[assignment]
+                self.handling = True
+                self._busy_since = trio.current_time()
+                try:
+                    await self.handle(req)
+                finally:
+                    self.handling = False
+                    self._busy += trio.current_time() - self._busy_since
+            except p.ProtocolError as e:
+                self.send_nowait(p.encode_error(e.code, e.message, e.action, e.request_id))
+            except Exception as e:  # one bad frame never ends the connection
+                code, message = _error_of(e)
+                if code == "internal":
+                    log.exception("handling %s failed", action)
+                self.send_nowait(p.encode_error(code, message, action, rid))
+
+    def reply(self, type_: str, data: Any, rid: p.RequestId) -> None:
+        self.send_nowait(p.encode_frame(type_, data, rid))
+
+    async def handle(self, req: p.ClientAction) -> None:
+        store, rid = self.store, req.request_id
+        match req:
+            case p.ListSessions() as r:
+                if r.since is not None:
+                    changes = store.changes_since(r.since)
+                    if changes is not None:
+                        self.reply("sessions_changes", {"since": r.since, "rev": store.feed.position,
+                                                        "changes": [{"type": k, "data": d} for k, d in changes]},
+                                   rid)
+                        return
+                rev = store.feed.position
+                rows, total = store.list_sessions(filters=r.filters, include_archived=r.include_archived,
+                                                  archived=r.archived, offset=r.offset, limit=r.limit)
+                self.reply("sessions_list", {"rows": rows, "total": total, "rev": rev,
+                                             "relist": r.since is not None}, rid)
+            case p.CreateSession() as r:
+                meta, _ = await store.create_session(agent_id=r.agent_id, source=r.source, title=r.title,
+                                                     project_id=r.project_id)
+                self.reply("session_created", {"session": store.get_row(meta.id)}, rid)
+            case p.LoadSession(session_id=sid, msg_id=through):
+                state = await store.load_session(sid)
+                head = None
+                if through is not None:
+                    if through not in state.messages:
+                        raise NotFound("unknown_message", f"unknown message {through!r}")
+                    head = state.leaf_of(through)
+                if len(self.watching) >= MAX_SUBSCRIPTIONS:
+                    self.watching.pop()
+                self.watching.add(sid)
+                self.reply("session_loaded", self.session_payload(sid, state, head), rid)
+            case p.SwitchBranch(session_id=sid, msg_id=mid):
+                head = await store.switch_branch(sid, mid)
+                self.reply("ok", {"action": "switch_branch", "session_id": sid, "head": head}, rid)
+            case p.ListRunning():
+                self.reply("running_list", {"running": store.list_running()}, rid)
+            case p.Chat() as r:
+                await self.chat(r)
+            case p.SubscribeMsg() as r:
+                await self.subscribe(r)
+            case p.UnsubscribeMsg(session_id=sid, msg_id=mid):
+                validate_session_id(sid)
+                old = self.subs.pop((sid, mid), None)
+                if old is not None:
+                    old.close()
+                    self._pending.pop((sid, mid), None)
+                self.reply("ok", {"action": "unsubscribe_msg", "subscribed": False}, rid)
+            case p.Stop(session_id=sid, msg_id=mid):
+                store.get_meta(sid)
+                if not store.stop(sid, mid):
+                    raise ServiceError("not_running", f"message {mid} is not running")
+                self.reply("ok", {"action": "stop", "msg_id": mid}, rid)
+            case p.Retry(session_id=sid, msg_id=mid):
+                target = await store.retry_target(sid, mid)
+                reply_id = await self.server.start_reply(sid, target.parent_id or "")  # "": at the root
+                self.reply("retry_started", {"session_id": sid, "retried": mid, "reply_id": reply_id}, rid)
+            case p.RenameSession(session_id=sid, title=title, regenerate=regen):
+                if regen:
+                    changed = await store.regenerate_title(sid)
+                elif title is not None:
+                    changed = await store.rename_session(sid, title)
+                else:
+                    raise ServiceError("bad_request", "rename_session needs a title or regenerate: true")
+                self.reply("ok", {"action": "rename_session", "changed": changed}, rid)
+            case p.SetArchived(session_id=sid, archived=flag):
+                self.reply("ok", {"action": "set_archived", "changed": await self._update(sid, archived=flag)}, rid)
+            case p.SetPinned(session_id=sid, pinned=flag):
+                self.reply("ok", {"action": "set_pinned", "changed": await self._update(sid, pinned=flag)}, rid)
+            case p.SetUnread(session_id=sid, unread=flag):
+                self.reply("ok", {"action": "set_unread", "changed": await self._update(sid, unread=flag)}, rid)
+            case p.DeleteSession(session_id=sid):
+                if not await store.delete_session(sid):
+                    raise NotFound("unknown_session", f"unknown session {sid!r}")
+                self.reply("ok", {"action": "delete_session", "session_id": sid}, rid)
+            case p.SetSessionProject(session_id=sid, project_id=pid):
+                changed = await store.set_session_project(sid, pid)
+                self.reply("ok", {"action": "set_session_project", "changed": changed}, rid)
+            case p.ListProjects():
+                self.send_nowait(p.encode_frame("projects_list", {"projects": p.to_wire(store.list_projects())}, rid))
+            case p.CreateProject(name=name, path=path):
+                view = await store.create_project(name, path)
+                self.reply("project_created", {"project": p.to_wire(view)}, rid)
+                self.server.broadcast(self.server.projects_frame())
+            case p.RelocateProject(session_id=sid, project_id=pid, path=path):
+                out = await store.relocate_project(sid, pid, path)
+                self.reply("project_relocated", out, rid)
+                self.server.broadcast(self.server.projects_frame())
+
+    async def _update(self, sid: str, **fields: Any) -> dict[str, Any]:
+        return await self.store.update_session(sid, **fields)
+
+    def session_payload(self, sid: str, state: SessionState, head: str | None = None) -> dict[str, Any]:
+        """A session and one branch of its messages (the current one, or the one
+        ending at `head`); each conversational message carries `siblings`: the
+        ids sharing its parent, in creation order ("‹ 2/3 ›")."""
+        messages = p.to_wire(state.branch(head))
+        for m in messages:
+            if m["caller"] is None:
+                m["siblings"] = state.siblings(m["msg_id"])
+        return {"session": self.store.get_row(sid), "messages": messages, "head": head or state.head,
+                "seq": state.seq, "durable_seq": self.store.es.durable_seq(sid)}
+
+    async def chat(self, r: p.Chat) -> None:
+        store = self.store
+        if not r.content.strip():
+            raise ServiceError("bad_field", "a chat message must not be empty")
+        if r.session_id is None:
+            meta, msg_id = await store.create_session(agent_id=r.agent_id or "default", project_id=r.project_id,
+                                                      source=r.source or "web", first_message=r.content)
+            sid = meta.id
+        else:
+            sid = r.session_id
+            meta = store.get_meta(sid)
+            if r.project_id is not None and r.project_id != (meta.project_id or "default"):
+                await store.set_session_project(sid, r.project_id)
+            msg_id = await store.append_message(sid, r.content)
+        assert msg_id is not None
+        self.watching.add(sid)
+        reply_id = await self.server.start_reply(sid, msg_id)
+        self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
+
+    async def subscribe(self, r: p.SubscribeMsg) -> None:
+        key = (r.session_id, r.msg_id)
+        if key not in self.subs and len(self.subs) >= MAX_SUBSCRIPTIONS:
+            raise ServiceError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+        # The old subscription of this message (if any) goes only once the new
+        # one exists: a refused re-subscribe leaves the client its old stream.
+        sub = await self.store.subscribe(r.session_id, r.msg_id, offset=r.offset, after_seq=r.after_seq)
+        old = self.subs.pop(key, None)
+        if old is not None:
+            old.close()
+        self._pending.pop(key, None)  # a queued update of the old one is not merged with the new
+        self.subs[key] = sub
+        self.reply("subscribed", {"session_id": r.session_id, "msg_id": r.msg_id}, r.request_id)
+        sub.attach(self.deliver)  # no await since subscribe: nothing was published in between
+
+    def close_subscriptions(self) -> None:
+        for sub in list(self.subs.values()):
+            sub.close()
+        self.subs.clear()
