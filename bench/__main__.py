@@ -6,13 +6,14 @@
   recovery   full replay vs raw decode, checkpoint startup, a long session's load
   fanout     WebSocket push latency to many subscribers, with a stalled client
   memory     RSS of a server holding a registry of 100,000 sessions
+  abuse      one user flooding frames vs other users' round trips and pushes
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse")
 
 
 def main() -> int:

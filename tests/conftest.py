@@ -3,11 +3,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Projects must lie under a project root, the home directory by default
+# (docs/SECURITY.md): HOME is the temp folder that holds pytest's tmp_path
+# folders, set before any test module builds a StoreConfig, and inherited by
+# every server subprocess.
+os.environ["HOME"] = tempfile.gettempdir()
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ async def test_relocation_races_and_refusals_change_nothing(root, tmp_path):
     a, b, target = tmp_path / "a", tmp_path / "b", tmp_path / "t"
     for d in (a, b, target):
         d.mkdir()
-    async with open_session_store(root, config=StoreConfig(home=str(link))) as store:
+    async with open_session_store(root, config=StoreConfig(home=str(link), project_roots=(str(tmp_path),))) as store:
         pa = await store.create_project("a", str(a))
         pb = await store.create_project("b", str(b))
         sa, _ = await store.create_session(project_id=pa.id, first_message="in a")
@@ -124,7 +124,7 @@ async def test_relocation_races_and_refusals_change_nothing(root, tmp_path):
         b.rename(tmp_path / "b-gone")
         with pytest.raises(Exception) as e:
             await store.relocate_project(sa.id, pa.id, str(home))  # the home, through its real path
-        assert getattr(e.value, "code", None) == "path_in_use"
+        assert getattr(e.value, "code", None) == "bad_path", "the home is never a project's folder"
         results = []
 
         async def move(sid: str, pid: str) -> None:

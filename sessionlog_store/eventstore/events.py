@@ -40,6 +40,9 @@ class SessionCreated(BaseEvent, tag="session_created", frozen=True):
     created_at: float = 0.0
     # A title given at creation is the user's: auto-naming leaves it alone.
     user_titled: bool = False
+    # The principal the session belongs to (docs/SECURITY.md). "" is the
+    # single-user principal: logs written before owners existed read as its.
+    owner: str = ""
 
 
 class MessageCreated(BaseEvent, tag="message_created", frozen=True):
@@ -149,6 +152,7 @@ class ProjectCreated(BaseEvent, tag="project_created", frozen=True):
     project_id: str
     name: str
     path: str
+    owner: str = ""  # as SessionCreated.owner
 
 
 class ProjectMoved(BaseEvent, tag="project_moved", frozen=True):

@@ -16,7 +16,7 @@ class MaintenanceConfig:
     """The spec's retention rules; 0 turns one off."""
     empty_shell_age: float = 3600.0      # a session with no message older than this is removed
     archive_ttl: float = 90 * DAY        # archived and not updated for this long: removed
-    max_sessions: int = 1000             # registry cap: oldest archived removed first
+    max_sessions: int = 1000             # registry cap per owner: its oldest archived removed first
 
 
 @dataclass
@@ -50,8 +50,13 @@ def plan_maintenance(rows: Iterable[SessionMeta], now: float, cfg: MaintenanceCo
             plan.expired_archives.append(m.id)
         else:
             alive.append(m)
-    excess = len(alive) - cfg.max_sessions
-    if cfg.max_sessions > 0 and excess > 0:
-        archived = sorted((m for m in alive if m.archived), key=lambda m: (m.updated_at, m.id))
-        plan.over_capacity = [m.id for m in archived[:excess]]
+    # The cap is per owner: one user's sessions never push out another's.
+    by_owner: dict[str, list[SessionMeta]] = {}
+    for m in alive:
+        by_owner.setdefault(m.owner, []).append(m)
+    for owned in by_owner.values():
+        excess = len(owned) - cfg.max_sessions
+        if cfg.max_sessions > 0 and excess > 0:
+            archived = sorted((m for m in owned if m.archived), key=lambda m: (m.updated_at, m.id))
+            plan.over_capacity += [m.id for m in archived[:excess]]
     return plan

@@ -6,6 +6,7 @@ seq at which its meta last changed, which is what a checkpoint needs.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Final
 
 import msgspec
@@ -17,11 +18,13 @@ from sessionlog_store.eventstore.record import Record
 from .session import SessionMeta, apply_meta
 
 # Row fields a listing may filter on by equality.
-FILTERABLE: Final = frozenset({"agent_id", "source", "status", "pinned", "unread", "project_id"})
+FILTERABLE: Final = frozenset({"agent_id", "source", "status", "pinned", "unread", "project_id", "owner"})
 
 # Every stored row field, in order (the 15 stored + preview); `project` is the 17th.
+# (`owner` is not shown: a row is only ever seen by its owner, or an admin
+# who filters by it.)
 ROW_ATTRS: Final = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(SessionMeta)
-                         if f.name != "open_msgs")  # (attribute, wire name)
+                         if f.name not in ("open_msgs", "owner"))  # (attribute, wire name)
 ROW_FIELDS: Final = tuple(wire for _, wire in ROW_ATTRS)
 
 
@@ -46,6 +49,7 @@ class Registry:
         self.rows: dict[str, SessionMeta] = {}
         self.marks: dict[str, Mark] = {}
         self._order: SortedKeyList = SortedKeyList(key=_order_key)
+        self.owned: Counter[str] = Counter()  # rows per owner (the per-user session limit)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -61,12 +65,14 @@ class Registry:
         old = self.rows.get(session_id)
         if old is not None:
             self._order.remove(old)
+            self._disown(old)
         if meta is None:
             self.rows.pop(session_id, None)
             self.marks.pop(session_id, None)
             return
         self.rows[session_id] = meta
         self._order.add(meta)
+        self.owned[meta.owner] += 1
         if mark is not None:
             self.marks[session_id] = mark
 
@@ -90,18 +96,26 @@ class Registry:
         mark.meta_seq = record.seq
         if old is not None:
             self._order.remove(old)
+            self._disown(old)
         if new is None:
             del self.rows[session_id]
             return
         self.rows[session_id] = new
         self._order.add(new)
+        self.owned[new.owner] += 1
+
+    def _disown(self, meta: SessionMeta) -> None:
+        self.owned[meta.owner] -= 1
+        if not self.owned[meta.owner]:
+            del self.owned[meta.owner]
 
     def select(self, *, filters: dict[str, Any] | None = None, include_archived: bool = False,
-               archived: bool | None = None, offset: int = 0, limit: int | None = None
-               ) -> tuple[list[SessionMeta], int]:
+               archived: bool | None = None, offset: int = 0, limit: int | None = None,
+               owner: str | None = None) -> tuple[list[SessionMeta], int]:
         """Rows newest first: archived hidden unless include_archived, only
-        archived ones with archived=True; equality filters; then offset/limit.
-        Returns (rows, total matching before offset/limit)."""
+        archived ones with archived=True; equality filters; only `owner`'s
+        rows unless it is None; then offset/limit. Returns (rows, total
+        matching before offset/limit)."""
         filters = filters or {}
         for key in filters:
             if key not in FILTERABLE:
@@ -109,7 +123,8 @@ class Registry:
         if offset < 0 or (limit is not None and limit < 0):
             raise InvalidFilter("offset and limit must not be negative")
         items = [m for m in self._order
-                 if (m.archived if archived is True else (include_archived or not m.archived))
+                 if (owner is None or m.owner == owner)
+                 and (m.archived if archived is True else (include_archived or not m.archived))
                  and (archived is not False or not m.archived)
                  and all(getattr(m, k) == v for k, v in filters.items())]
         total = len(items)
@@ -123,3 +138,4 @@ class Registry:
         assert ordered == sorted(self.rows.values(), key=_order_key), "order index out of sort"
         for sid, meta in self.rows.items():
             assert meta.id == sid, (sid, meta.id)
+        assert self.owned == Counter(m.owner for m in self.rows.values()), "owner counts out of step"

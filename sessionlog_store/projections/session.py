@@ -53,6 +53,8 @@ class SessionMeta(msgspec.Struct, frozen=True, kw_only=True):
     auto_titled: bool = msgspec.field(default=False, name="_auto_titled")
     title_gen_count: int = msgspec.field(default=0, name="_title_gen_count")
     preview: str | None = None
+    # Who the session belongs to ("" the single-user principal; docs/SECURITY.md).
+    owner: str = ""
     # Not part of a row: ids of messages still pending or running (what the
     # startup abort sweep needs without loading every message).
     open_msgs: tuple[str, ...] = ()
@@ -67,7 +69,8 @@ def apply_meta(meta: SessionMeta | None, record: Record) -> SessionMeta | None:
         case SessionCreated() as c:
             at = c.created_at or record.ts
             return SessionMeta(id=c.session_id, agent_id=c.agent_id, source=c.source, title=c.title,
-                               project_id=c.project_id, created_at=at, updated_at=at, user_titled=c.user_titled)
+                               project_id=c.project_id, created_at=at, updated_at=at, user_titled=c.user_titled,
+                               owner=c.owner)
         case _ if meta is None:
             return None
         case MessageCreated(caller=caller, role=role, status=status, msg_id=msg_id, content=content):

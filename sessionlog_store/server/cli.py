@@ -127,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sessionlog_store.server.domain.store import StoreConfig
     from sessionlog_store.server.run import run_server
     return run_server(args, store_config=StoreConfig(
+        project_roots=tuple(os.path.abspath(r) for r in args.project_root), hide_home=args.auth != "token",
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
         journal_sync_interval=args.journal_sync_interval, progress_interval=args.progress_interval,
         progress_slots=args.progress_slots or None, checkpoint_interval=args.checkpoint_interval,
@@ -274,6 +275,44 @@ def _log_level(text: str) -> str:
     return text.upper()
 
 
+def _users(s: argparse.ArgumentParser) -> None:
+    """Many users on one server (docs/SECURITY.md)."""
+    from sessionlog_store.server.edge.auth import AUTH_MODES, MAX_LEEWAY
+    s.add_argument("--auth", choices=AUTH_MODES, default="token",
+                   help="who clients are: the one --token (one user), a --tokens-file, a --user-header set by an "
+                        "auth proxy in --forwarded-allow-ips, or a signed JWT (--jwt-secret or --jwt-jwks)")
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help='JSON {"token": "user id", ...} for --auth tokens-file; re-read on SIGHUP')
+    s.add_argument("--user-header", default="X-Forwarded-User", metavar="NAME",
+                   help="the header holding the user id for --auth proxy-header")
+    s.add_argument("--jwt-secret", default=None, metavar="SECRET",
+                   help="HS256 key (32+ characters) for --auth jwt; better from the environment")
+    s.add_argument("--jwt-jwks", default=None, metavar="FILE", help="a JWKS file of public keys for --auth jwt")
+    s.add_argument("--jwt-audience", default=None, metavar="AUD", help="the aud a JWT must carry")
+    s.add_argument("--jwt-issuer", default=None, metavar="ISS", help="the iss a JWT must carry")
+    s.add_argument("--jwt-leeway", type=_non_negative, default=30.0, metavar="SECONDS",
+                   help=f"clock skew allowed on exp/nbf/iat (at most {MAX_LEEWAY:g})")
+    s.add_argument("--admin", action="append", default=[], metavar="USER",
+                   help="a user who may list and read every user's sessions, each read logged (repeatable)")
+    s.add_argument("--project-root", action="append", default=[], metavar="DIR",
+                   help="a folder projects may lie under (repeatable; default: the home directory)")
+    lim = "per user; default: none with --auth token, {} otherwise; 0: none"
+    s.add_argument("--limit-sessions", type=_count, default=None, metavar="N",
+                   help="sessions a user may own (" + lim.format(1000) + ")")
+    s.add_argument("--limit-running", type=_count, default=None, metavar="N",
+                   help="replies a user may have running at once (" + lim.format(4) + ")")
+    s.add_argument("--limit-rate", type=_non_negative, default=None, metavar="FRAMES/S",
+                   help="frames a user may send a second, all connections together (" + lim.format(20) + ")")
+    s.add_argument("--limit-burst", type=_count, default=None, metavar="N",
+                   help="frames above the rate taken at once (default: 100 with a rate set by mode, else 2x the rate)")
+    s.add_argument("--limit-frame-bytes", type=_count, default=None, metavar="BYTES",
+                   help="bytes one frame may have (default: 1048576 with --auth token, 262144 otherwise)")
+    s.add_argument("--limit-connections", type=_count, default=None, metavar="N",
+                   help="WebSocket connections a user may hold at once (" + lim.format(20) + ")")
+    s.add_argument("--limit-projects", type=_count, default=None, metavar="N",
+                   help="projects a user may create (" + lim.format(100) + ")")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sessionlog", description="A durable session store for AI-agent chat apps.")
     p.add_argument("--version", action="version", version=f"sessionlog (the {DISTRIBUTION} distribution) {version()}")
@@ -328,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a running reply silent this long is aborted as stalled")
     s.add_argument("--state-cache", type=_count, default=256, metavar="N",
                    help="loaded sessions kept in memory besides running ones")
-    _env_defaults(s)
+    _users(s)
+    _env_defaults(s, secret=frozenset({"token", "jwt_secret"}))
     s.set_defaults(func=cmd_serve)
 
     r = sub.add_parser("rebuild", help="rebuild index.json and every snapshot from the logs")

@@ -3,6 +3,7 @@ agents, handles signals, the stop watchdog and the exit codes (README).
 Wires server.domain, server.agents and server.edge together."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -17,6 +18,8 @@ from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.fsio import OS_FILES, FileOps
 from sessionlog_store.server.agents import Agent, DemoAgent, load_agents
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.edge.auth import AuthConfig, JwtConfig, make_authenticator
+from sessionlog_store.server.edge.limits import MULTI_USER, Limits
 from sessionlog_store.server.edge.ws import Server, ServerConfig, leaf_errors
 from sessionlog_store.server.gc_policy import tune_gc
 
@@ -46,6 +49,28 @@ EXIT_STORE_FAILED: Final = 5   # the store failed while serving (a write or sync
 STOP_GRACE: Final = 10.0
 
 
+def auth_config(args: Any) -> AuthConfig:
+    """--auth and the flags of each mode."""
+    mode = getattr(args, "auth", "token")
+    jwt = None
+    if mode == "jwt":
+        jwt = JwtConfig(secret=args.jwt_secret, jwks_file=args.jwt_jwks, audience=args.jwt_audience,
+                        issuer=args.jwt_issuer, leeway=args.jwt_leeway)
+    return AuthConfig(mode=mode, tokens_file=getattr(args, "tokens_file", None),
+                      user_header=getattr(args, "user_header", "X-Forwarded-User"), jwt=jwt,
+                      admins=tuple(getattr(args, "admin", ())))
+
+
+def limits_of(args: Any) -> Limits:
+    """--limit-*: what was given, the mode's defaults for the rest."""
+    base = Limits() if getattr(args, "auth", "token") == "token" else MULTI_USER
+    given = {"sessions": getattr(args, "limit_sessions", None), "running": getattr(args, "limit_running", None),
+             "frames_per_second": getattr(args, "limit_rate", None), "burst": getattr(args, "limit_burst", None),
+             "frame_bytes": getattr(args, "limit_frame_bytes", None),
+             "connections": getattr(args, "limit_connections", None), "projects": getattr(args, "limit_projects", None)}
+    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
 def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConfig | None = None) -> int:
     """`sessionlog serve`: run until SIGINT or SIGTERM, then stop gracefully:
     running replies are finalized `aborted` "server shutdown" with their text
@@ -61,12 +86,16 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
                               forwarded_allow_ips=tuple(getattr(args, "forwarded_allow_ips", ())),
                               root_path=getattr(args, "root_path", "") or "",
                               ping_interval=getattr(args, "ws_ping_interval", 20.0),
-                              ping_timeout=getattr(args, "ws_ping_interval", 20.0))
+                              ping_timeout=getattr(args, "ws_ping_interval", 20.0),
+                              auth=auth_config(args), limits=limits_of(args))
+        if args.token:
+            config.token = args.token
+        # a bad tokens file or JWT setting: a startup error, before the store opens
+        make_authenticator(config.auth, config.token, config.forwarded_allow_ips)
     except ValueError as e:
         print(f"sessionlog: error: {e}", file=sys.stderr)
         return EXIT_STARTUP
-    if args.token:
-        config.token = args.token
+    single = config.auth.mode == "token"
     root = os.path.abspath(args.root)
     grace = float(getattr(args, "stop_grace", STOP_GRACE))
     try:
@@ -81,6 +110,9 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
         print(f"sessionlog: data in {root}", flush=True)
         base = f"http://{host}:{server.port}{config.root_path}/"
+        if not single:  # each user brings their own credentials
+            print(f"sessionlog: serving {base} (--auth {config.auth.mode})", flush=True)
+            return
         if sys.stdout.isatty():  # a person at a terminal: the URL to open
             print(f"sessionlog: serving {base}?token={quote(config.token, safe='')}", flush=True)
             return
@@ -114,8 +146,13 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
             stopping: list[int] = []
 
             async def on_signal() -> None:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
                     async for sig in sigs:
+                        if sig == signal.SIGHUP:  # re-read the tokens file or the JWKS
+                            log.info("received SIGHUP: reloading credentials")
+                            if started:
+                                started[0].reload_auth()
+                            continue
                         if stopping:
                             give_up(f"a second {signal.Signals(sig).name} during the stop")
                         log.info("received %s: stopping (grace %g s)", signal.Signals(sig).name, grace)

@@ -26,3 +26,14 @@ class NotFound(ServiceError):
 class Conflict(ServiceError):
     """The request is well-formed but not allowed in the current state
     (a frozen project binding, a finished message)."""
+
+
+def unknown_session(session_id: str) -> NotFound:
+    """The one answer for a session that does not exist, or is someone else's
+    (docs/SECURITY.md: no existence oracle)."""
+    return NotFound("unknown_session", f"unknown session {session_id!r}")
+
+
+def unknown_project(project_id: str) -> NotFound:
+    """As unknown_session, for projects."""
+    return NotFound("unknown_project", f"unknown project {project_id!r}")

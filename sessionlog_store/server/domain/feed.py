@@ -21,22 +21,24 @@ class ChangeFeed:
     def __init__(self, history: int = FEED_HISTORY) -> None:
         self.epoch = secrets.token_hex(4)
         self.rev = 0
-        self._log: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=history)
+        # (rev, kind, data, the owner of the session it is about)
+        self._log: deque[tuple[int, str, dict[str, Any], str]] = deque(maxlen=history)
 
     @property
     def position(self) -> str:
         return f"{self.epoch}:{self.rev}"
 
-    def add(self, kind: str, data: dict[str, Any]) -> str:
-        """Record one change; returns its position (also put in `data`)."""
+    def add(self, kind: str, data: dict[str, Any], owner: str = "") -> str:
+        """Record one change of a session of `owner`; returns its position (also put in `data`)."""
         self.rev += 1
         data["rev"] = pos = f"{self.epoch}:{self.rev}"
-        self._log.append((self.rev, kind, data))
+        self._log.append((self.rev, kind, data, owner))
         return pos
 
-    def since(self, position: str) -> list[tuple[str, dict[str, Any]]] | None:
-        """The changes after `position`, oldest first, or None when they are not
-        all known (another epoch, a malformed position, or older than the history)."""
+    def since(self, position: str, owner: str | None = None) -> list[tuple[str, dict[str, Any]]] | None:
+        """The changes after `position` (of `owner`'s sessions only, unless it is
+        None), oldest first, or None when they are not all known (another epoch,
+        a malformed position, or older than the history)."""
         epoch, _, rev_text = position.partition(":")
         if epoch != self.epoch or not (rev_text.isascii() and rev_text.isdigit()):
             return None
@@ -47,4 +49,4 @@ class ChangeFeed:
             return []
         if not self._log or self._log[0][0] > rev + 1:
             return None
-        return [(kind, data) for r, kind, data in self._log if r > rev]
+        return [(kind, data) for r, kind, data, who in self._log if r > rev and (owner is None or who == owner)]

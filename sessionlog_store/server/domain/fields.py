@@ -31,6 +31,7 @@ def row_of(meta: SessionMeta, project: ProjectView | None, damaged: str | None =
     quarantined session's row has an 18th, `damaged` (what is wrong)."""
     row = msgspec.to_builtins(meta)
     del row["open_msgs"]
+    del row["owner"]  # a row is seen by its owner (or an admin) only
     if damaged is not None:
         row["damaged"] = damaged
         row["status"] = "idle"  # a damaged session is never written to: nothing runs in it

@@ -1,6 +1,12 @@
 """The project registry: its own log (`<root>/projects/log.jsonl`), folded
 into id -> Project. The default project is the home directory; it is never
-stored, refuses to relocate, and its path is restored on every read."""
+stored, refuses to relocate, and its path is restored on every read.
+
+Every other project has an owner and is visible to that owner only; its
+folder must be an existing directory under one of the project roots (the
+home directory unless configured). Whatever is wrong with a path, the answer
+is the same (`bad_path`, PATH_REFUSED): a client cannot probe the server's
+disk through it (docs/SECURITY.md)."""
 from __future__ import annotations
 
 import os
@@ -18,9 +24,12 @@ from sessionlog_store.eventstore.fsio import FileOps
 from sessionlog_store.eventstore.log import append_durable, project_log_path, repair_torn_tail, scan
 from sessionlog_store.eventstore.record import encode_record
 
-from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, unknown_project
 
 DEFAULT_PROJECT_ID: Final = "default"
+# The one answer for a project path that is not absolute, does not exist, is
+# not a directory, or lies (after symlinks) outside every project root.
+PATH_REFUSED: Final = "project folder refused: it must be an existing folder under a project root"
 
 
 class Project(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,6 +37,7 @@ class Project(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     path: str
     is_default: bool = False
+    owner: str = ""
 
 
 class ProjectView(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,10 +50,18 @@ class ProjectView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ProjectRegistry:
-    def __init__(self, fs: FileOps, root: str, home: str) -> None:
+    def __init__(self, fs: FileOps, root: str, home: str, roots: tuple[str, ...] = (),
+                 hide_home: bool = False) -> None:
         self.fs = fs
+        # Never a project folder, nor anything under it: the data root (other
+        # users' sessions live there; a project on one would tell it exists).
+        self.data_root = os.path.realpath(root)
         self.path = project_log_path(root)
         self.home = home
+        # Folders a project may lie under (the home directory when none is given).
+        self.roots = tuple(os.path.realpath(r) for r in (roots or (home,)))
+        # The default project's path (the server's home) is shown as "" (many users).
+        self.hide_home = hide_home
         self._projects: dict[str, Project] = {}
         self._seq = 0
         self._lock = trio.Lock()
@@ -76,33 +94,37 @@ class ProjectRegistry:
 
     def _apply(self, ev: object) -> None:
         match ev:
-            case ProjectCreated(project_id=pid, name=name, path=path):
-                self._projects[pid] = Project(id=pid, name=name, path=path)
+            case ProjectCreated(project_id=pid, name=name, path=path, owner=owner):
+                self._projects[pid] = Project(id=pid, name=name, path=path, owner=owner)
             case ProjectMoved(project_id=pid, path=path) if pid in self._projects:
                 self._projects[pid] = msgspec.structs.replace(self._projects[pid], path=path)
 
     def default(self) -> Project:
         return Project(id=DEFAULT_PROJECT_ID, name="Home", path=self.home, is_default=True)
 
-    def get(self, project_id: str) -> Project:
+    def get(self, project_id: str, owner: str | None = None) -> Project:
+        """The project; with `owner`, another owner's is as unknown as none."""
         if project_id == DEFAULT_PROJECT_ID:
             return self.default()
-        try:
-            return self._projects[project_id]
-        except KeyError:
-            raise NotFound("unknown_project", f"unknown project {project_id!r}") from None
+        p = self._projects.get(project_id)
+        if p is None or (owner is not None and p.owner != owner):
+            raise unknown_project(project_id)
+        return p
 
     def __contains__(self, project_id: str) -> bool:
         return project_id == DEFAULT_PROJECT_ID or project_id in self._projects
 
-    def view(self, project_id: str) -> ProjectView:
+    def view(self, project_id: str, owner: str | None = None) -> ProjectView:
         """A project with whether its folder is gone (one stat)."""
-        p = self.get(project_id)
-        return ProjectView(id=p.id, name=p.name, path=p.path, is_default=p.is_default,
+        p = self.get(project_id, owner)
+        path = "" if p.is_default and self.hide_home else p.path
+        return ProjectView(id=p.id, name=p.name, path=path, is_default=p.is_default,
                            path_missing=not os.path.isdir(p.path))
 
-    def list(self) -> list[ProjectView]:
-        return [self.view(pid) for pid in (DEFAULT_PROJECT_ID, *self._projects)]
+    def list(self, owner: str | None = None) -> list[ProjectView]:
+        """The default project and `owner`'s (everyone's when None)."""
+        return [self.view(pid) for pid, p in [(DEFAULT_PROJECT_ID, None), *self._projects.items()]
+                if p is None or owner is None or p.owner == owner]
 
     def workdir_for(self, project_id: str | None) -> str | None:
         """The project's folder, or None when it vanished (never the home
@@ -133,43 +155,53 @@ class ProjectRegistry:
             self._seq += 1
             self._apply(ev)
 
-    async def create(self, name: str, path: str) -> Project:
-        path = _checked_dir(path)
+    async def create(self, name: str, path: str, owner: str = "") -> Project:
+        path = self._checked_dir(path)
         pid = "p-" + secrets.token_hex(6)
-        await self._append(ProjectCreated(project_id=pid, name=name or os.path.basename(path), path=path),
-                           check=lambda: self._check_free(path))
+        await self._append(ProjectCreated(project_id=pid, name=name or os.path.basename(path), path=path,
+                                          owner=owner),
+                           check=lambda: self._check_free(path, owner))
         return self._projects[pid]
 
-    def _check_free(self, path: str) -> None:
-        """Two projects never point at one folder (nor at the home folder)."""
-        if any(q.path == path for q in self._projects.values()) or path == os.path.realpath(self.home):
-            raise Conflict("path_in_use", "another project already points at that folder")
+    def _check_free(self, path: str, owner: str) -> None:
+        """Two projects of one owner never point at one folder (nor at the home
+        folder). Another owner's projects are not looked at: that would tell
+        whether someone else uses a folder."""
+        if any(q.path == path and q.owner == owner for q in self._projects.values()):
+            raise Conflict("path_in_use", "another of your projects already points at that folder")
 
-    async def relocate(self, project_id: str, path: str) -> tuple[str, str]:
+    def _checked_dir(self, path: str) -> str:
+        """The real path of an existing directory under a project root, or
+        BadRequest(PATH_REFUSED), the same whatever is wrong."""
+        if not isinstance(path, str) or not path or "\x00" in path or not os.path.isabs(path):
+            raise BadRequest("bad_path", PATH_REFUSED)
+        real = os.path.realpath(path)
+        if not any(_under(real, r) for r in self.roots) or _under(real, self.data_root) \
+                or real == os.path.realpath(self.home) or not os.path.isdir(real):
+            raise BadRequest("bad_path", PATH_REFUSED)
+        return real
+
+    def count(self, owner: str) -> int:
+        """Projects of `owner` (the default project not counted)."""
+        return sum(1 for p in self._projects.values() if p.owner == owner)
+
+    async def relocate(self, project_id: str, path: str, owner: str | None = None) -> tuple[str, str]:
         """Point a project at a new folder, keeping its id. Returns (old, new)."""
-        p = self.get(project_id)
+        p = self.get(project_id, owner)
         if p.is_default:
             raise BadRequest("default_project", "the default project cannot be relocated: "
                              "its path is the home directory")
         if os.path.isdir(p.path):
             raise Conflict("project_not_missing", f"project {project_id!r} still has its folder; relocation "
                            "only repairs a project whose folder is missing")
-        new = _checked_dir(path)
+        new = self._checked_dir(path)
 
         # Checked under the log's lock: two relocations cannot both take one folder.
         await self._append(ProjectMoved(project_id=project_id, old_path=p.path, path=new),
-                           check=lambda: self._check_free(new))
+                           check=lambda: self._check_free(new, p.owner))
         return p.path, new
 
 
-def _checked_dir(path: str) -> str:
-    if not isinstance(path, str) or not path or "\x00" in path:
-        raise BadRequest("bad_path", "a project path must be a non-empty string")
-    if not os.path.isabs(path):
-        raise BadRequest("bad_path", f"project path {path!r} is not absolute")
-    real = os.path.realpath(path)
-    if not os.path.exists(real):
-        raise BadRequest("bad_path", f"project path {path!r} does not exist")
-    if not os.path.isdir(real):
-        raise BadRequest("bad_path", f"project path {path!r} is not a directory")
-    return real
+def _under(path: str, folder: str) -> bool:
+    """`path` is `folder` or inside it (both real paths)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)

@@ -54,12 +54,15 @@ class Replies:
         def _after_reply(self, session_id: str) -> None: ...
         def failure(self) -> BaseException | None: ...
 
-    def list_running(self) -> list[dict[str, Any]]:
-        """Every message running in this process, across sessions, oldest first:
-        session, message, kind, role, caller, started_at and its length so far."""
+    def list_running(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """Every message running in this process, across sessions (of `owner`'s
+        only, unless it is None), oldest first: session, message, kind, role,
+        caller, started_at and its length so far."""
+        rows = self.registry.rows
         out = [{"session_id": m.session_id, "msg_id": m.msg_id, "kind": m.kind, "role": m.role,
                 "caller": m.caller, "started_at": m.started_at, "length": m.length}
-               for m in self.saver.active.values() if not m.finished]
+               for m in self.saver.active.values() if not m.finished
+               and (owner is None or (m.session_id in rows and rows[m.session_id].owner == owner))]
         return sorted(out, key=lambda r: r["started_at"])
 
     @asynccontextmanager

@@ -36,7 +36,7 @@ from sessionlog_store.projections.recovery import RecoveryReport, load_session_s
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
 from sessionlog_store.server.domain.caches import Caches
-from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound, unknown_session
 from sessionlog_store.server.domain.feed import ChangeFeed
 from sessionlog_store.server.domain.fields import FLAG_FIELDS, TITLE_FIELDS, UpdateFields, row_of, valid_kind
 from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, ThrottledSaver
@@ -64,13 +64,17 @@ class StoreConfig:
     sync_mode: SyncMode = "journal"       # see eventstore/commit.py and journal.py
     journal_sync_interval: float = 1.0    # logs synced and journal segments removed this often
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
+    # Folders projects may lie under (() : the home directory only), and
+    # whether the default project's path (the home) is kept from clients.
+    project_roots: tuple[str, ...] = ()
+    hide_home: bool = False
     state_cache: int = 256                # loaded sessions kept in memory besides running ones
     # After startup, check in the background the part of each log that the
     # checkpoint let startup skip (damage there quarantines the session).
     check_after_start: bool = True
 
 
-Watcher = Callable[[str, dict[str, Any]], None]
+Watcher = Callable[[str, dict[str, Any], str], None]  # (kind, data, owner of the session)
 _FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"})
 
 
@@ -85,7 +89,7 @@ class SessionStore(Replies):
         self.config = config
         self.titler = titler
         self.registry = Registry()
-        self.projects = ProjectRegistry(fs, root, config.home)
+        self.projects = ProjectRegistry(fs, root, config.home, config.project_roots, config.hide_home)
         self.hub = SubscriptionHub()
         slots = config.progress_slots or (SLOTS if es.journal else 1)
         self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, slots)
@@ -189,23 +193,32 @@ class SessionStore(Replies):
             changed["project"] = row_of(new, self._project_view(new.project_id))["project"]
         return changed
 
-    def _notify(self, kind: str, data: dict[str, Any]) -> None:
+    def _notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None:
+        """Tell the watchers (and the feed) of a change to a session of `owner`
+        (by default, the owner of the session the data names)."""
+        if owner is None:
+            sid = data.get("id") or data.get("session_id") or data.get("session", {}).get("id")
+            meta = self.registry.get(sid) if sid is not None else None
+            owner = meta.owner if meta is not None else ""
         if kind in _FEED_KINDS:
-            self.feed.add(kind, data)
+            self.feed.add(kind, data, owner)
         for w in list(self.watchers):
-            w(kind, data)
+            w(kind, data, owner)
 
-    def changes_since(self, position: str) -> list[tuple[str, dict[str, Any]]] | None:
-        """The registry changes (push kind, data) after `position`, or None: re-list."""
-        return self.feed.since(position)
+    def changes_since(self, position: str, owner: str | None = None) -> list[tuple[str, dict[str, Any]]] | None:
+        """The registry changes (push kind, data) after `position` (of `owner`'s
+        sessions only, unless it is None), or None: re-list."""
+        return self.feed.since(position, owner)
 
     # -- lookups ------------------------------------------------------------
 
-    def get_meta(self, session_id: str) -> SessionMeta:
+    def get_meta(self, session_id: str, owner: str | None = None) -> SessionMeta:
+        """The session's meta; with `owner`, a session of anyone else is as
+        unknown as one that does not exist (the same error, word for word)."""
         validate_session_id(session_id)
         meta = self.registry.get(session_id)
-        if meta is None:
-            raise NotFound("unknown_session", f"unknown session {session_id!r}")
+        if meta is None or (owner is not None and meta.owner != owner):
+            raise unknown_session(session_id)
         return meta
 
     def get_row(self, session_id: str) -> dict[str, Any]:
@@ -300,20 +313,21 @@ class SessionStore(Replies):
 
     async def create_session(self, session_id: str | None = None, *, agent_id: str = "default",
                              source: str = "web", title: str = "", project_id: str | None = None,
-                             first_message: str | None = None) -> tuple[SessionMeta, str | None]:
-        """Create a session, durable at birth: when this returns its log and the
-        folders above it are fsynced. With `first_message`, the user's first
-        message is in the same write (no empty shell). Returns (meta, msg_id)."""
+                             first_message: str | None = None, owner: str = "") -> tuple[SessionMeta, str | None]:
+        """Create a session of `owner` ("": the single-user principal), durable
+        at birth: when this returns its log and the folders above it are
+        fsynced. With `first_message`, the user's first message is in the same
+        write (no empty shell). Returns (meta, msg_id)."""
         sid = new_session_id() if session_id is None else validate_session_id(session_id)
         if project_id is not None:
-            self.projects.get(project_id)
+            self.projects.get(project_id, owner)
         if sid in self.registry:
             raise Conflict("session_exists", f"session {sid!r} already exists")
         now = time.time()
         # A title given at creation is the user's title: auto-naming leaves it alone.
         events: list[Event] = [SessionCreated(session_id=sid, agent_id=agent_id, source=source, title=title,
                                               project_id=project_id, created_at=now,
-                                              user_titled=bool(title.strip()))]
+                                              user_titled=bool(title.strip()), owner=owner)]
         msg_id = None
         if first_message is not None:
             msg_id = new_session_id()
@@ -362,7 +376,7 @@ class SessionStore(Replies):
         try:
             return await self.es.append_many(session_id, events)
         except UnknownSession:
-            raise NotFound("unknown_session", f"unknown session {session_id!r}") from None
+            raise unknown_session(session_id) from None
 
     # -- updates ------------------------------------------------------------
 
@@ -423,8 +437,10 @@ class SessionStore(Replies):
         """A durable tombstone, then the registry row, then the folder. A crash
         in between finishes at the next start. False for an unknown session."""
         validate_session_id(session_id)
-        if session_id not in self.registry:
+        meta = self.registry.get(session_id)
+        if meta is None:
             return False
+        owner = meta.owner
         for msg in [m for (sid, _), m in self.saver.active.items() if sid == session_id]:
             msg.abort_reason = "session deleted"
             msg.scope.cancel()
@@ -447,30 +463,35 @@ class SessionStore(Replies):
             # if removing its folder failed (the next start finishes that).
             if damaged:
                 self.registry.put(None, session_id)
-            self._notify("session_deleted", {"session_id": session_id})
+            self._notify("session_deleted", {"session_id": session_id}, owner)
         return True
 
     # -- listing ------------------------------------------------------------
 
     def list_sessions(self, *, filters: dict[str, Any] | None = None, include_archived: bool = False,
-                      archived: bool | None = None, offset: int = 0, limit: int | None = None
-                      ) -> tuple[list[dict[str, Any]], int]:
-        """Rows newest first (pure in memory). Returns (rows, total before paging)."""
+                      archived: bool | None = None, offset: int = 0, limit: int | None = None,
+                      owner: str | None = None) -> tuple[list[dict[str, Any]], int]:
+        """Rows newest first (pure in memory), of `owner`'s sessions only unless
+        it is None. Returns (rows, total before paging)."""
         try:
             metas, total = self.registry.select(filters=filters, include_archived=include_archived,
-                                                archived=archived, offset=offset, limit=limit)
+                                                archived=archived, offset=offset, limit=limit, owner=owner)
         except InvalidFilter as e:
             raise BadRequest("bad_filter", str(e)) from None
-        views = {p.id: p for p in self.projects.list()}
-        return [row_of(m, views.get(m.project_id or DEFAULT_PROJECT_ID), self._damage(m.id)) for m in metas], total
+        views: dict[str | None, ProjectView | None] = {}  # one stat per project the rows name, not per project
+        for m in metas:
+            if m.project_id not in views:
+                views[m.project_id] = self._project_view(m.project_id)
+        return [row_of(m, views[m.project_id], self._damage(m.id)) for m in metas], total
 
     # -- projects ---------------------------------------------------------
 
-    def list_projects(self) -> list[ProjectView]:
-        return self.projects.list()
+    def list_projects(self, owner: str | None = None) -> list[ProjectView]:
+        """The default project and `owner`'s (everyone's when None)."""
+        return self.projects.list(owner)
 
-    async def create_project(self, name: str, path: str) -> ProjectView:
-        p = await self.projects.create(name, path)
+    async def create_project(self, name: str, path: str, owner: str = "") -> ProjectView:
+        p = await self.projects.create(name, path, owner)
         view = self._project_view(p.id)
         assert view is not None
         return view
@@ -483,7 +504,7 @@ class SessionStore(Replies):
         """Bind while the session has no message; naming the bound project again
         is accepted at any age; another one after the first turn is refused."""
         meta = self.get_meta(session_id)
-        self.projects.get(project_id)
+        self.projects.get(project_id, meta.owner)  # a project of the session's owner
         current = meta.project_id or DEFAULT_PROJECT_ID
         if current == project_id:
             return {}
@@ -507,7 +528,7 @@ class SessionStore(Replies):
             raise Conflict("project_not_bound", f"session {session_id} is not bound to project {project_id!r}; "
                            "relocate it from a session of that project")
         await self.load_session(session_id)  # loaded: watchers are told of the node (message_created)
-        old, new = await self.projects.relocate(project_id, path)
+        old, new = await self.projects.relocate(project_id, path, meta.owner)
         node_id = new_session_id()
         await self.append_events(session_id, ProjectRelocated(node_id=node_id, project_id=project_id,
                                                         old_path=old, path=new))

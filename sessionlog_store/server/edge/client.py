@@ -34,8 +34,10 @@ class ServerError(Exception):
 
 
 class Client:
-    def __init__(self, ws: WebSocketConnection) -> None:
+    def __init__(self, ws: WebSocketConnection, record: bool = False) -> None:
         self.ws = ws
+        # Every frame received, as text, when recording (tests that check what reached a client).
+        self.frames: list[str] | None = [] if record else None
         self._ids = itertools.count(1)
         self._waiting: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
         self.pushes: list[dict[str, Any]] = []       # every frame without a request_id
@@ -47,7 +49,10 @@ class Client:
     async def _reader(self) -> None:
         try:
             while True:
-                frame = msgspec.json.decode(await self.ws.get_message())
+                text = await self.ws.get_message()
+                if self.frames is not None:
+                    self.frames.append(str(text))
+                frame = msgspec.json.decode(text)
                 rid = frame.get("request_id")
                 if rid in self._waiting and frame["type"] != "msg_update":
                     self._waiting.pop(rid).send_nowait(frame)
@@ -114,14 +119,16 @@ class Client:
 
 @asynccontextmanager
 async def open_client(host: str, port: int, token: str, *, origin: str | None = None,
-                      ssl_context: ssl.SSLContext | None = None, root_path: str = "") -> AsyncIterator[Client]:
+                      ssl_context: ssl.SSLContext | None = None, root_path: str = "",
+                      record: bool = False) -> AsyncIterator[Client]:
     """A client of `host:port` (`ssl_context`: over TLS, wss://; `root_path`:
-    the server is reached under that prefix, e.g. behind a proxy)."""
+    the server is reached under that prefix, e.g. behind a proxy; `record`:
+    keep every frame received in `frames`)."""
     headers = [(b"Origin", origin.encode())] if origin else None
     async with open_websocket(host, port, f"{root_path.rstrip('/')}/ws?token={quote(token, safe='')}",
                               use_ssl=ssl_context if ssl_context is not None else False,
                               extra_headers=headers) as ws:
-        client = Client(ws)
+        client = Client(ws, record)
         async with trio.open_nursery() as n:
             n.start_soon(client._reader)
             try:

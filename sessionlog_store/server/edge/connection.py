@@ -7,6 +7,7 @@ answered; nothing a client sends can stop the server.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -15,15 +16,18 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from sessionlog_store.eventstore.errors import (InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
                                                 StoreClosed, UnknownSession)
 from sessionlog_store.eventstore.ids import validate_session_id
-from sessionlog_store.projections.session import SessionState
-from sessionlog_store.server.domain.errors import NotFound, ServiceError
+from sessionlog_store.projections.session import SessionMeta, SessionState
+from sessionlog_store.server.domain.errors import NotFound, ServiceError, unknown_session
 from sessionlog_store.server.domain.subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
 from sessionlog_store.server.edge import protocol as p
+from sessionlog_store.server.edge.auth import Principal
 
 if TYPE_CHECKING:
     from sessionlog_store.server.edge.ws import Server
 
 log = logging.getLogger("sessionlog.ws")
+# Every read an admin makes of another user's sessions (docs/SECURITY.md).
+audit = logging.getLogger("sessionlog.audit")
 
 # Frames queued for one client before it is dropped as too slow.
 SEND_QUEUE: Final = 512
@@ -64,7 +68,9 @@ class _Pending:
 class Connection:
     """One WebSocket client."""
 
-    def __init__(self, server: Server, ws: WebSocketConnection, nursery: trio.Nursery) -> None:
+    def __init__(self, server: Server, ws: WebSocketConnection, nursery: trio.Nursery,
+                 principal: Principal | None = None) -> None:
+        self.principal = principal or Principal()
         self.server = server
         self.store = server.store
         self.ws = ws
@@ -86,6 +92,15 @@ class Connection:
         # alone does not say: a frame handed straight to a waiting sender task
         # is in neither.)
         self.unsent = 0
+
+    def end(self, code: int, reason: str) -> None:
+        """Close this connection with a close handshake (its credential ended)."""
+        log.info("closing a connection: %s", reason, extra={"remote": self.remote})
+        self.nursery.start_soon(self.ws.aclose, code, reason)
+
+    async def _expire(self, at: float) -> None:
+        await trio.sleep(max(0.0, at - time.time()))
+        self.end(1008, "credentials expired")
 
     def send_nowait(self, frame: str | _Pending) -> None:
         """Queue a frame; a client whose queue is full is dropped."""
@@ -177,6 +192,9 @@ class Connection:
         self.nursery.start_soon(self._sender)
         if self.server.config.ping_interval > 0:
             self.nursery.start_soon(self._keepalive)
+        cred = self.principal.credential
+        if cred is not None and cred.expires is not None:
+            self.nursery.start_soon(self._expire, cred.expires)
         while True:
             try:
                 frame = await self.ws.get_message()
@@ -184,6 +202,16 @@ class Connection:
                 return
             action: str | None = None
             rid: p.RequestId = None
+            size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
+            refused, wait = self.server.quotas.frame_wait(self.principal.user, size, trio.current_time())
+            if refused is not None:  # not handled: a refused frame costs us next to nothing
+                # (its head is read to answer it, but at most once per `wait`; a
+                # frame too large is not read at all)
+                action, rid = p.peek(frame) if refused.code == "rate_limited" else (None, None)
+                self.send_nowait(p.encode_error(refused.code, refused.message, action, rid))
+                if wait:
+                    await trio.sleep(wait)  # read no more of this user's frames until its rate allows
+                continue
             try:
                 req = p.decode_action(frame)
                 action, rid = req.__struct_config__.tag, req.request_id  # type: ignore[assignment]
@@ -205,12 +233,47 @@ class Connection:
     def reply(self, type_: str, data: Any, rid: p.RequestId) -> None:
         self.send_nowait(p.encode_frame(type_, data, rid))
 
+    # -- scoping (docs/SECURITY.md) -------------------------------------------
+
+    def own(self, sid: str) -> SessionMeta:
+        """A session this client may change: its user's, else unknown_session
+        (as for an id that does not exist)."""
+        return self.store.get_meta(sid, self.principal.user)
+
+    def readable(self, sid: str, action: str) -> SessionMeta:
+        """A session this client may read: its user's, or anyone's for an admin
+        (logged)."""
+        meta = self.store.get_meta(sid, self.principal.reads)
+        if meta.owner != self.principal.user:
+            audit.warning("admin %r: %s of session %s of user %r", self.principal.user, action, sid, meta.owner,
+                          extra={"remote": self.remote})
+        return meta
+
+    def _audit_all(self, action: str) -> None:
+        if self.principal.admin:
+            audit.warning("admin %r: %s over every user", self.principal.user, action, extra={"remote": self.remote})
+
+    def projects_frame(self, rid: p.RequestId = None) -> str:
+        return p.encode_frame("projects_list", {"projects": p.to_wire(self.store.list_projects(self.principal.reads))},
+                              rid)
+
+    async def _create(self, **kw: Any) -> tuple[SessionMeta, str | None]:
+        """A new session of this client's user, within its session limit."""
+        user, quotas = self.principal.user, self.server.quotas
+        quotas.check_sessions(user, self.store.registry.owned[user])
+        quotas.creating[user] += 1
+        try:
+            return await self.store.create_session(owner=user, **kw)
+        finally:
+            quotas.creating[user] -= 1
+
     async def handle(self, req: p.ClientAction) -> None:
-        store, rid = self.store, req.request_id
+        store, rid, user = self.store, req.request_id, self.principal.user
         match req:
             case p.ListSessions() as r:
+                self._audit_all("list_sessions")
                 if r.since is not None:
-                    changes = store.changes_since(r.since)
+                    changes = store.changes_since(r.since, self.principal.reads)
                     if changes is not None:
                         self.reply("sessions_changes", {"since": r.since, "rev": store.feed.position,
                                                         "changes": [{"type": k, "data": d} for k, d in changes]},
@@ -218,14 +281,16 @@ class Connection:
                         return
                 rev = store.feed.position
                 rows, total = store.list_sessions(filters=r.filters, include_archived=r.include_archived,
-                                                  archived=r.archived, offset=r.offset, limit=r.limit)
+                                                  archived=r.archived, offset=r.offset, limit=r.limit,
+                                                  owner=self.principal.reads)
                 self.reply("sessions_list", {"rows": rows, "total": total, "rev": rev,
                                              "relist": r.since is not None}, rid)
             case p.CreateSession() as r:
-                meta, _ = await store.create_session(agent_id=r.agent_id, source=r.source, title=r.title,
-                                                     project_id=r.project_id)
+                meta, _ = await self._create(agent_id=r.agent_id, source=r.source, title=r.title,
+                                             project_id=r.project_id)
                 self.reply("session_created", {"session": store.get_row(meta.id)}, rid)
             case p.LoadSession(session_id=sid, msg_id=through):
+                self.readable(sid, "load_session")
                 state = await store.load_session(sid)
                 head = None
                 if through is not None:
@@ -237,13 +302,16 @@ class Connection:
                 self.watching.add(sid)
                 self.reply("session_loaded", self.session_payload(sid, state, head), rid)
             case p.SwitchBranch(session_id=sid, msg_id=mid):
+                self.own(sid)
                 head = await store.switch_branch(sid, mid)
                 self.reply("ok", {"action": "switch_branch", "session_id": sid, "head": head}, rid)
             case p.ListRunning():
-                self.reply("running_list", {"running": store.list_running()}, rid)
+                self._audit_all("list_running")
+                self.reply("running_list", {"running": store.list_running(self.principal.reads)}, rid)
             case p.Chat() as r:
                 await self.chat(r)
             case p.SubscribeMsg() as r:
+                self.readable(r.session_id, "subscribe_msg")
                 await self.subscribe(r)
             case p.UnsubscribeMsg(session_id=sid, msg_id=mid):
                 validate_session_id(sid)
@@ -253,15 +321,17 @@ class Connection:
                     self._pending.pop((sid, mid), None)
                 self.reply("ok", {"action": "unsubscribe_msg", "subscribed": False}, rid)
             case p.Stop(session_id=sid, msg_id=mid):
-                store.get_meta(sid)
+                self.own(sid)
                 if not store.stop(sid, mid):
                     raise ServiceError("not_running", f"message {mid} is not running")
                 self.reply("ok", {"action": "stop", "msg_id": mid}, rid)
             case p.Retry(session_id=sid, msg_id=mid):
+                self.own(sid)
                 target = await store.retry_target(sid, mid)
-                reply_id = await self.server.start_reply(sid, target.parent_id or "")  # "": at the root
+                reply_id = await self.server.start_reply(sid, target.parent_id or "", user)  # "": at the root
                 self.reply("retry_started", {"session_id": sid, "retried": mid, "reply_id": reply_id}, rid)
             case p.RenameSession(session_id=sid, title=title, regenerate=regen):
+                self.own(sid)
                 if regen:
                     changed = await store.regenerate_title(sid)
                 elif title is not None:
@@ -276,24 +346,29 @@ class Connection:
             case p.SetUnread(session_id=sid, unread=flag):
                 self.reply("ok", {"action": "set_unread", "changed": await self._update(sid, unread=flag)}, rid)
             case p.DeleteSession(session_id=sid):
+                self.own(sid)
                 if not await store.delete_session(sid):
-                    raise NotFound("unknown_session", f"unknown session {sid!r}")
+                    raise unknown_session(sid)
                 self.reply("ok", {"action": "delete_session", "session_id": sid}, rid)
             case p.SetSessionProject(session_id=sid, project_id=pid):
+                self.own(sid)
                 changed = await store.set_session_project(sid, pid)
                 self.reply("ok", {"action": "set_session_project", "changed": changed}, rid)
             case p.ListProjects():
-                self.send_nowait(p.encode_frame("projects_list", {"projects": p.to_wire(store.list_projects())}, rid))
+                self.send_nowait(self.projects_frame(rid))
             case p.CreateProject(name=name, path=path):
-                view = await store.create_project(name, path)
+                self.server.quotas.check_projects(user, store.projects.count(user))
+                view = await store.create_project(name, path, owner=user)
                 self.reply("project_created", {"project": p.to_wire(view)}, rid)
-                self.server.broadcast(self.server.projects_frame())
+                self.server.push_projects(user)
             case p.RelocateProject(session_id=sid, project_id=pid, path=path):
+                self.own(sid)
                 out = await store.relocate_project(sid, pid, path)
                 self.reply("project_relocated", out, rid)
-                self.server.broadcast(self.server.projects_frame())
+                self.server.push_projects(user)
 
     async def _update(self, sid: str, **fields: Any) -> dict[str, Any]:
+        self.own(sid)
         return await self.store.update_session(sid, **fields)
 
     def session_payload(self, sid: str, state: SessionState, head: str | None = None) -> dict[str, Any]:
@@ -311,19 +386,25 @@ class Connection:
         store = self.store
         if not r.content.strip():
             raise ServiceError("bad_field", "a chat message must not be empty")
-        if r.session_id is None:
-            meta, msg_id = await store.create_session(agent_id=r.agent_id or "default", project_id=r.project_id,
-                                                      source=r.source or "web", first_message=r.content)
-            sid = meta.id
-        else:
-            sid = r.session_id
-            meta = store.get_meta(sid)
-            if r.project_id is not None and r.project_id != (meta.project_id or "default"):
-                await store.set_session_project(sid, r.project_id)
-            msg_id = await store.append_message(sid, r.content)
+        user, quotas = self.principal.user, self.server.quotas
+        quotas.start_reply(user)  # reserved before the user's message is written; the reply gives it back
+        try:
+            if r.session_id is None:
+                meta, msg_id = await self._create(agent_id=r.agent_id or "default", project_id=r.project_id,
+                                                  source=r.source or "web", first_message=r.content)
+                sid = meta.id
+            else:
+                sid = r.session_id
+                meta = self.own(sid)
+                if r.project_id is not None and r.project_id != (meta.project_id or "default"):
+                    await store.set_session_project(sid, r.project_id)
+                msg_id = await store.append_message(sid, r.content)
+        except BaseException:
+            quotas.end_reply(user)
+            raise
         assert msg_id is not None
         self.watching.add(sid)
-        reply_id = await self.server.start_reply(sid, msg_id)
+        reply_id = await self.server.start_reply(sid, msg_id, user, reserved=True)
         self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
 
     async def subscribe(self, r: p.SubscribeMsg) -> None:

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sessionlog_store.server.edge.limits import LIMIT_CODES
+
 if TYPE_CHECKING:
     from sessionlog_store.server.edge.ws import Server
 
@@ -67,6 +69,13 @@ class ServerMetrics(Collector):
         yield _gauge("sessionlog_connections", "Open WebSocket connections", len(server.connections))
         yield _gauge("sessionlog_send_queue_frames", "Frames queued to clients, all connections",
                      sum(c.unsent for c in server.connections))
+        refusals = CounterMetricFamily("sessionlog_refusals", "Requests refused: credentials and per-user limits",
+                                       labels=["reason"])
+        for reason in LIMIT_CODES:
+            refusals.add_metric([reason], server.quotas.refused[reason])
+        yield refusals
+        yield _gauge("sessionlog_users_connected", "Users with at least one connection",
+                     len({c.principal.user for c in server.connections}))
         sessions = GaugeMetricFamily("sessionlog_sessions", "Sessions by state", labels=["state"])
         rows = store.registry.rows
         archived = sum(1 for m in rows.values() if m.archived)

@@ -177,7 +177,10 @@ ERROR_CODES: Final = {
     "bad_field": "a value is not acceptable (empty title, bad kind...)",
     "bad_filter": "list_sessions filters on a field that cannot be filtered",
     "bad_offset": "subscribe_msg names an offset beyond the message's content",
-    "bad_path": "a project path is not an absolute path to an existing directory",
+    "bad_path": "a project path is not an existing folder under a project root (whatever is wrong, one answer)",
+    "limit_sessions": "the user owns as many sessions as allowed (--limit-sessions)",
+    "limit_running": "the user has as many replies running as allowed (--limit-running)",
+    "rate_limited": "the user sent frames faster than allowed (--limit-rate); that frame was not handled",
     "invalid_session_id": "a session id is not a short file-name-safe token",
     "unknown_session": "no such session (or it was deleted)",
     "unknown_message": "no such message in that session",
@@ -185,7 +188,7 @@ ERROR_CODES: Final = {
     "project_frozen": "project is frozen after the first turn",
     "default_project": "the default project cannot be relocated",
     "project_not_missing": "relocate_project only repairs a project whose folder is missing",
-    "path_in_use": "another project already points at that folder",
+    "path_in_use": "another project of the same user already points at that folder",
     "project_not_bound": "relocate_project named a session that is not bound to that project",
     "not_conversational": "switch_branch named a tool call or relocation node, which is on no branch",
     "not_running": "stop named a message that is not running here",
@@ -198,6 +201,18 @@ ERROR_CODES: Final = {
     "too_slow": "a subscription was dropped because the client fell behind; subscribe again",
     "internal": "a bug in the server; the request may not have been carried out",
 }
+
+
+def peek(frame: str | bytes) -> tuple[str | None, RequestId]:
+    """The action and request_id of a frame that will not be handled (to
+    answer it), or (None, None) when they cannot be read."""
+    try:
+        head = _HEAD.decode(frame)
+    except (msgspec.DecodeError, RecursionError):
+        return None, None
+    action = head.action if isinstance(head.action, str) and head.action in ACTIONS else None
+    rid = head.request_id if isinstance(head.request_id, str | int) and not isinstance(head.request_id, bool) else None
+    return action, rid
 
 
 def decode_action(frame: str | bytes) -> ClientAction:

@@ -12,7 +12,6 @@ the Host and Origin checks, the broadcasts and the agents' nursery.
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import mimetypes
 import os
@@ -33,7 +32,9 @@ from sessionlog_store.server.domain.errors import NotFound
 from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 from sessionlog_store.server.edge import protocol as p
+from sessionlog_store.server.edge.auth import REFUSED, AuthConfig, Principal, make_authenticator
 from sessionlog_store.server.edge.connection import SEND_TIMEOUT, Connection
+from sessionlog_store.server.edge.limits import MULTI_USER, Limits, Quotas
 from sessionlog_store.server.edge.http import Exchange, Request
 from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
 from sessionlog_store.server.edge.metrics import ServerMetrics, readiness
@@ -69,6 +70,11 @@ class ServerConfig:
     # the connection (a dead peer behind a NAT or proxy). 0: off.
     ping_interval: float = 20.0
     ping_timeout: float = 20.0
+    # Who clients are (edge/auth.py; the default: the one token above) and
+    # what one of them may do (edge/limits.py; None: none for the single
+    # user, MULTI_USER for the other modes).
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: Limits | None = None
 
     def __post_init__(self) -> None:
         if self.public_url is not None:
@@ -92,6 +98,9 @@ class Server:
         self.agent = agent  # answers sessions whose agent_id has no agent of its own
         self.agents = dict(agents or {})
         self.port = config.port
+        self.auth = make_authenticator(config.auth, config.token, config.forwarded_allow_ips)
+        self.admins = frozenset(config.auth.admins)
+        self.quotas = Quotas(config.limits or (Limits() if config.auth.mode == "token" else MULTI_USER))
         self.connections: set[Connection] = set()
         self.dropped = 0  # connections dropped for not taking their frames
         self._shared: tuple[MsgUpdate | None, str] = (None, "")
@@ -144,17 +153,27 @@ class Server:
             target = target[len(root):] or "/"
         return Request(req.method, target, headers), remote
 
-    def check_handshake(self, req: Request) -> str | None:
-        """Why this upgrade is refused, or None."""
+    def check_handshake(self, req: Request, trusted_peer: bool) -> Principal | str:
+        """Who this upgrade is from, or why it is refused."""
         if req.headers.get("host", "").lower() not in self.allowed_hosts():
             return "Host not allowed"
         origin = req.headers.get("origin")
         if origin is not None and origin.lower() not in self.allowed_origins():
             return "Origin not allowed"
-        token = (req.query.get("token") or [""])[0]
-        if not hmac.compare_digest(token.encode(), self.config.token.encode()):
-            return "missing or wrong token"
-        return None
+        cred = self.auth.authenticate(req, trusted_peer)
+        if cred is None:
+            self.quotas.refused["auth"] += 1
+            return REFUSED
+        return Principal(user=cred.user, admin=cred.user in self.admins, credential=cred)
+
+    def reload_auth(self) -> None:
+        """SIGHUP: re-read the credentials; a connection whose credential no
+        longer holds (a token removed from the file) is closed."""
+        self.auth.reload()
+        for conn in list(self.connections):
+            cred = conn.principal.credential
+            if cred is not None and not self.auth.still_valid(cred):
+                conn.end(1008, "credentials revoked")
 
     # -- connections -----------------------------------------------------------
 
@@ -183,15 +202,20 @@ class Server:
                 query = urlsplit(req.target).query
                 await ex.reply(301, headers={"Location": f"{root}/" + (f"?{query}" if query else "")})
                 return
-            req, forwarded_for = self.localize(req, remote.rsplit(":", 1)[0].strip("[]"))
+            peer_ip = remote.rsplit(":", 1)[0].strip("[]")
+            trusted_peer = bool(self.config.forwarded_allow_ips) and self._trusted(peer_ip)
+            req, forwarded_for = self.localize(req, peer_ip)
             if forwarded_for is not None:
                 remote = f"{forwarded_for} (via {remote})"
             upgrade = req.headers.get("upgrade", "").lower() == "websocket"
             if req.path == "/ws" and upgrade:
-                why = self.check_handshake(req)
-                if why is not None:
-                    log.warning("refused a WebSocket handshake: %s", why, extra={"remote": remote})
-                    await ex.reply(403, f"{why}\n".encode())
+                who = self.check_handshake(req, trusted_peer)
+                if isinstance(who, str):
+                    log.warning("refused a WebSocket handshake: %s", who, extra={"remote": remote})
+                    await ex.reply(403, f"{who}\n".encode())
+                    return
+                if not self.quotas.may_connect(who.user):
+                    await ex.reply(429, b"too many connections for this user\n")
                     return
                 bad = ex.upgrade_problem()
                 if bad is not None:
@@ -199,8 +223,9 @@ class Server:
                     await ex.reply(status, f"{text}\n".encode(),
                                    headers={"Sec-WebSocket-Version": "13"} if status == 426 else None)
                     return
-                log.info("WebSocket handshake accepted", extra={"remote": remote})
-                await self._websocket(ex, remote)
+                log.info("WebSocket handshake accepted%s", f" for {who.user!r}" if who.user else "",
+                         extra={"remote": remote})
+                await self._websocket(ex, remote, who)
             elif req.method in ("GET", "HEAD"):
                 await self._static(ex, req)
             else:
@@ -208,8 +233,11 @@ class Server:
         except _PEER_GONE:
             pass
         except BaseExceptionGroup as group:  # from the WebSocket's nursery
-            if not all(isinstance(e, _PEER_GONE) for e in leaf_errors(group)):
+            cancelled, rest = group.split(trio.Cancelled)
+            if rest is not None and rest.split(_PEER_GONE)[1] is not None:
                 log.exception("connection handler failed")
+            if cancelled is not None:
+                raise cancelled from None  # the server is stopping: never swallowed
         except WsprotoError as e:  # what wsproto refused of a checked upgrade
             log.info("WebSocket handshake refused by wsproto: %s", e, extra={"remote": remote})
             await ex.reply(400, b"bad WebSocket handshake\n")
@@ -265,17 +293,19 @@ class Server:
             "Content-Security-Policy": "default-src 'self'; connect-src 'self'; style-src 'self' 'unsafe-inline'",
             "X-Frame-Options": "DENY"})
 
-    async def _websocket(self, ex: Exchange, remote: str) -> None:
+    async def _websocket(self, ex: Exchange, remote: str, principal: Principal) -> None:
         async with trio.open_nursery() as nursery:
             request = await ex.upgrade(nursery, max_message_size=p.WS_HARD_LIMIT)
             ws = await request.accept()
-            conn = Connection(self, ws, nursery)
+            conn = Connection(self, ws, nursery, principal)
             conn.remote = remote
             self.connections.add(conn)
+            self.quotas.connected(principal.user)
             try:
                 await conn.run()
             finally:
                 self.connections.discard(conn)
+                self.quotas.disconnected(principal.user)
                 conn.close_subscriptions()
                 nursery.cancel_scope.cancel()
 
@@ -288,17 +318,15 @@ class Server:
 
     # -- broadcasts ------------------------------------------------------------
 
-    def broadcast(self, frame: str) -> None:
+    def broadcast(self, frame: str, owner: str) -> None:
+        """A push about something of `owner`'s: to its connections and admins'."""
         for conn in list(self.connections):
-            conn.send_nowait(frame)
+            if conn.principal.user == owner or conn.principal.admin:
+                conn.send_nowait(frame)
 
-    def _on_store_change(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "session_updated":
-            self.broadcast(p.encode_frame("session_updated", data))
-        elif kind == "session_deleted":
-            self.broadcast(p.encode_frame("session_deleted", data))
-        elif kind == "session_created":
-            self.broadcast(p.encode_frame("session_created", data))
+    def _on_store_change(self, kind: str, data: dict[str, Any], owner: str) -> None:
+        if kind in ("session_updated", "session_deleted", "session_created"):
+            self.broadcast(p.encode_frame(kind, data), owner)
         elif kind in ("message_created", "head_moved"):
             sid = data["session_id"]
             watching = [c for c in self.connections if sid in c.watching]
@@ -314,18 +342,25 @@ class Server:
             for conn in watching:
                 conn.send_nowait(frame)
 
-    def projects_frame(self) -> str:
-        return p.encode_frame("projects_list", {"projects": p.to_wire(self.store.list_projects())})
+    def push_projects(self, owner: str) -> None:
+        """Each connection of `owner` (and each admin's) gets its projects list."""
+        for conn in list(self.connections):
+            if conn.principal.user == owner or conn.principal.admin:
+                conn.send_nowait(conn.projects_frame())
 
     # -- agents ----------------------------------------------------------------
 
-    async def start_reply(self, session_id: str, parent_id: str | None) -> str:
+    async def start_reply(self, session_id: str, parent_id: str | None, user: str = "",
+                          reserved: bool = False) -> str:
         """Run the agent's reply as an in-flight message; returns its id once
-        its placeholder is durable."""
+        its placeholder is durable. Counts against `user`'s running replies
+        (`reserved`: the caller reserved its place already)."""
         assert self._agents is not None
-        return await self._agents.start(self._run_agent, session_id, parent_id)
+        if not reserved:
+            self.quotas.start_reply(user)
+        return await self._agents.start(self._run_agent, session_id, parent_id, user)
 
-    async def _run_agent(self, session_id: str, parent_id: str | None,
+    async def _run_agent(self, session_id: str, parent_id: str | None, user: str,
                          task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         started = False
         try:
@@ -342,6 +377,8 @@ class Server:
             log.warning("reply in %s ended: %s", session_id, e)
         except Exception:
             log.exception("the agent failed in session %s", session_id)
+        finally:
+            self.quotas.end_reply(user)
 
     async def prepare_stop(self, timeout: float = 2.0) -> None:
         """The first part of a graceful stop, while connections are still

@@ -1,0 +1,280 @@
+"""Who a WebSocket client is. One `Authenticator` per server, chosen by
+`--auth`, turns an upgrade request (its Host and Origin already checked)
+into a `Principal`, or refuses it before any data is sent:
+
+- `token` (the default): the single access token in `?token=`; one
+  principal, the single user (owner "").
+- `tokens-file`: a JSON object `{"<token>": "<user id>", ...}`; re-read on
+  SIGHUP (a bad file keeps the old table and is logged).
+- `proxy-header`: the user id in a header an auth proxy sets
+  (`X-Forwarded-User`), believed only from `--forwarded-allow-ips`.
+- `jwt`: a signed JWT in `?token=` or `Authorization: Bearer`, verified by
+  PyJWT with an HS256 secret or a JWKS file; `exp` is required, `aud` and
+  `iss` are checked when configured, the clock skew allowed is bounded.
+
+Every refusal is the same 403 with the same text, whatever was wrong (no
+user, a wrong token, a bad signature), and a token is looked up by its
+SHA-256 digest, so a wrong token and a wrong user take the same path.
+docs/SECURITY.md has the threat model.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import msgspec
+
+from sessionlog_store.server.edge.http import Request
+
+log = logging.getLogger("sessionlog.auth")
+
+# The one text of every refused handshake.
+REFUSED: Final = "missing or wrong credentials"
+# A user id: what owners are recorded as in the logs (printable, bounded).
+_USER: Final = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+# The most clock skew a JWT's exp/nbf/iat may be given (seconds); RFC 7519
+# leaves it to the verifier: "a few minutes" is the usual advice.
+MAX_LEEWAY: Final = 300.0
+AUTH_MODES: Final = ("token", "tokens-file", "proxy-header", "jwt")
+
+
+class Credential(msgspec.Struct, frozen=True, kw_only=True):
+    """What a handshake proved: the user, until when (a JWT's exp plus the
+    leeway; None: until revoked), and the digest of the secret it showed
+    (to tell, after a reload, whether it still proves that user)."""
+    user: str
+    expires: float | None = None
+    digest: bytes = b""
+
+
+class Principal(msgspec.Struct, frozen=True, kw_only=True):
+    """The user a connection acts for. `user` "" is the single-user principal
+    (what sessions without an owner belong to). An admin may list and read
+    every user's sessions (each such read is logged); writes stay its own."""
+    user: str = ""
+    admin: bool = False
+    credential: Credential | None = None
+
+    @property
+    def reads(self) -> str | None:
+        """The owner filter for reads: None (everyone's) for an admin."""
+        return None if self.admin else self.user
+
+
+class Authenticator(Protocol):
+    def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
+        """What this request proves, or None (refused)."""
+
+    def still_valid(self, cred: Credential) -> bool:
+        """Whether an open connection's credential still holds (after a reload)."""
+
+    def reload(self) -> None:
+        """Re-read what it reads from files (SIGHUP)."""
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def _query_token(req: Request) -> str:
+    return (req.query.get("token") or [""])[0]
+
+
+class SingleToken:
+    """The default: one token, one principal (the single user)."""
+
+    def __init__(self, token: str) -> None:
+        self._digest = _digest(token)
+
+    def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
+        return Credential(user="") if hmac.compare_digest(_digest(_query_token(req)), self._digest) else None
+
+    def still_valid(self, cred: Credential) -> bool:
+        return True
+
+    def reload(self) -> None:
+        pass
+
+
+_TOKENS_FILE = msgspec.json.Decoder(dict[str, str])
+
+
+class TokensFile:
+    """A table of tokens, each naming its user, from a JSON file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._table: dict[bytes, str] = {}
+        self._table = self._read()  # a bad file at startup is a startup error
+
+    def _read(self) -> dict[bytes, str]:
+        try:
+            with open(self.path, "rb") as f:
+                raw = _TOKENS_FILE.decode(f.read())
+        except OSError as e:
+            raise ValueError(f"--tokens-file {self.path}: {e.strerror}") from None
+        except msgspec.DecodeError as e:
+            raise ValueError(f"--tokens-file {self.path}: not a JSON object of token -> user id: {e}") from None
+        table = {}
+        for token, user in raw.items():
+            if len(token) < 16:
+                raise ValueError(f"--tokens-file {self.path}: a token of user {user!r} is shorter than 16 characters")
+            if not _USER.fullmatch(user):
+                raise ValueError(f"--tokens-file {self.path}: bad user id {user!r}")
+            table[_digest(token)] = user
+        return table
+
+    def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
+        # A dict lookup by digest: what a timing difference could tell is
+        # about the digest of the guess, never about a stored token.
+        digest = _digest(_query_token(req))
+        user = self._table.get(digest)
+        return None if user is None else Credential(user=user, digest=digest)
+
+    def still_valid(self, cred: Credential) -> bool:
+        """A token removed from the file (or given to another user) ends its connections at the reload."""
+        return self._table.get(cred.digest) == cred.user
+
+    def reload(self) -> None:
+        try:
+            self._table = self._read()
+        except ValueError as e:
+            log.error("tokens file not reloaded, the old table stays: %s", e)
+            return
+        log.info("tokens file reloaded: %d tokens", len(self._table))
+
+
+class ProxyHeader:
+    """The user id an authenticating proxy put in a header."""
+
+    def __init__(self, header: str) -> None:
+        self.header = header.lower()
+
+    def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
+        if not trusted_peer:
+            return None  # anyone can send the header; only our proxy's counts
+        user = req.headers.get(self.header, "").strip()
+        return Credential(user=user) if _USER.fullmatch(user) and "," not in user else None  # ",": it came twice
+
+    def still_valid(self, cred: Credential) -> bool:
+        return True
+
+    def reload(self) -> None:
+        pass
+
+
+@dataclass
+class JwtConfig:
+    secret: str | None = None       # HS256
+    jwks_file: str | None = None    # public keys (RS256, ES256, PS256, EdDSA)
+    audience: str | None = None
+    issuer: str | None = None
+    leeway: float = 30.0
+    user_claim: str = "sub"
+
+
+class Jwt:
+    """Signed JWTs (PyJWT). The algorithm is the key's, never the token's
+    choice (no `alg: none`, no HS256 with a public key)."""
+
+    def __init__(self, cfg: JwtConfig) -> None:
+        try:
+            import jwt
+        except ImportError:
+            raise ValueError("--auth jwt needs PyJWT: pip install 'sessionlog-store[jwt]'") from None
+        self.jwt = jwt
+        if (cfg.secret is None) == (cfg.jwks_file is None):
+            raise ValueError("--auth jwt needs exactly one of --jwt-secret and --jwt-jwks")
+        if cfg.secret is not None and len(cfg.secret) < 32:
+            raise ValueError("--jwt-secret must be at least 32 characters (RFC 7518 3.2: a key of 256 bits)")
+        if not 0 <= cfg.leeway <= MAX_LEEWAY:
+            raise ValueError(f"--jwt-leeway must be between 0 and {MAX_LEEWAY:g} seconds")
+        self.cfg = cfg
+        self._keys: dict[str | None, Any] = {}
+        self.reload_or_raise()
+
+    def reload_or_raise(self) -> None:
+        if self.cfg.jwks_file is None:
+            return
+        try:
+            with open(self.cfg.jwks_file, encoding="utf-8") as f:
+                keyset = self.jwt.PyJWKSet.from_json(f.read())
+        except OSError as e:
+            raise ValueError(f"--jwt-jwks {self.cfg.jwks_file}: {e.strerror}") from None
+        except (self.jwt.PyJWKSetError, self.jwt.InvalidKeyError, ValueError) as e:
+            raise ValueError(f"--jwt-jwks {self.cfg.jwks_file}: {e}") from None
+        self._keys = {k.key_id: k for k in keyset.keys}
+
+    def reload(self) -> None:
+        try:
+            self.reload_or_raise()
+        except ValueError as e:
+            log.error("JWKS not reloaded, the old keys stay: %s", e)
+
+    def _token(self, req: Request) -> str:
+        bearer = req.headers.get("authorization", "")
+        if bearer[:7].lower() == "bearer ":
+            return bearer[7:].strip()
+        return _query_token(req)
+
+    def still_valid(self, cred: Credential) -> bool:
+        return True  # until it expires (the connection ends itself then)
+
+    def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
+        jwt, cfg = self.jwt, self.cfg
+        token = self._token(req)
+        try:
+            if cfg.secret is not None:
+                key: Any = cfg.secret
+                algorithms = ["HS256"]
+            else:
+                kid = jwt.get_unverified_header(token).get("kid")
+                found = self._keys.get(kid) or (next(iter(self._keys.values())) if len(self._keys) == 1 else None)
+                if found is None:
+                    return None
+                key, algorithms = found.key, [found.algorithm_name]
+            claims = jwt.decode(token, key, algorithms=algorithms, audience=cfg.audience, issuer=cfg.issuer,
+                                leeway=cfg.leeway, options={"require": ["exp", cfg.user_claim]})
+            # (a token that names an audience is refused when none is configured: PyJWT's default)
+        except (jwt.PyJWTError, ValueError, TypeError, KeyError):
+            return None
+        user, exp = claims.get(cfg.user_claim), claims.get("exp")
+        if not (isinstance(user, str) and _USER.fullmatch(user)) or not isinstance(exp, int | float):
+            return None
+        return Credential(user=user, expires=float(exp) + cfg.leeway)
+
+
+@dataclass
+class AuthConfig:
+    mode: str = "token"
+    tokens_file: str | None = None
+    user_header: str = "X-Forwarded-User"
+    jwt: JwtConfig | None = None
+    admins: tuple[str, ...] = ()
+
+
+def make_authenticator(cfg: AuthConfig, token: str, forwarded_allow_ips: tuple[str, ...] = ()) -> Authenticator:
+    """The authenticator `cfg` names (ValueError: a configuration problem, for the operator)."""
+    if cfg.mode == "proxy-header" and ("*" in forwarded_allow_ips or not forwarded_allow_ips):
+        raise ValueError("--auth proxy-header needs --forwarded-allow-ips naming the proxy (not *: anyone "
+                         "could then claim to be any user)")
+    makers: dict[str, Callable[[], Authenticator]] = {
+        "token": lambda: SingleToken(token),
+        "tokens-file": lambda: TokensFile(_needed(cfg.tokens_file, "--auth tokens-file needs --tokens-file")),
+        "proxy-header": lambda: ProxyHeader(cfg.user_header),
+        "jwt": lambda: Jwt(cfg.jwt or JwtConfig()),
+    }
+    if cfg.mode not in makers:
+        raise ValueError(f"--auth must be one of {', '.join(AUTH_MODES)}")
+    return makers[cfg.mode]()
+
+
+def _needed(value: str | None, why: str) -> str:
+    if not value:
+        raise ValueError(why)
+    return value

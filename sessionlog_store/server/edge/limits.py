@@ -1,0 +1,136 @@
+"""Limits per principal (docs/SECURITY.md): sessions owned, replies running
+at once, frames per second (a token bucket shared by all of a user's
+connections) and bytes per frame. Each refusal has a stable error code and
+is counted (`sessionlog_refusals_total{reason}`). Pure bookkeeping: the
+connection asks, and sleeps when told to (so a flooding client is read
+slower, and costs the loop no more than its rate).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Final
+
+from sessionlog_store.server.domain.errors import ServiceError
+from sessionlog_store.server.edge.protocol import MAX_FRAME
+
+# Codes of the refusals (docs/PROTOCOL.md), also the metric's `reason` labels.
+LIMIT_CODES: Final = ("auth", "limit_connections", "limit_sessions", "limit_projects", "limit_running",
+                      "rate_limited", "frame_too_large")
+
+
+@dataclass
+class Limits:
+    """0 is no limit. The defaults keep the single-user server as it was;
+    `--auth` modes with many users get MULTI_USER unless flags say otherwise."""
+    sessions: int = 0               # sessions one user may own
+    running: int = 0                # replies one user may have running at once
+    frames_per_second: float = 0.0  # frames one user may send, all its connections together
+    burst: int = 0                  # frames above the rate taken at once (0: twice the rate)
+    frame_bytes: int = MAX_FRAME    # bytes one frame may have
+    connections: int = 0            # WebSocket connections one user may hold at once
+    projects: int = 0               # projects one user may create
+
+
+# Many users: generous for a person at a keyboard (a page sends a frame or
+# two per action), tight for a script. Every one is a flag.
+MULTI_USER: Final = Limits(sessions=1000, running=4, frames_per_second=20.0, burst=100, frame_bytes=256 * 1024,
+                           connections=20, projects=100)
+
+
+class Bucket:
+    """A token bucket: `rate` tokens a second, up to `burst` saved."""
+    __slots__ = ("rate", "burst", "tokens", "at")
+
+    def __init__(self, rate: float, burst: int, now: float) -> None:
+        self.rate, self.burst = rate, float(burst or max(1, int(2 * rate)))
+        self.tokens, self.at = self.burst, now
+
+    def take(self, now: float) -> float:
+        """Take one token: 0.0 if there was one, else the seconds until there is."""
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+class Quotas:
+    """The live counts the limits are checked against, per user."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.refused: Counter[str] = Counter()  # by LIMIT_CODES
+        self.running: Counter[str] = Counter()  # replies running (or starting) per user
+        self.creating: Counter[str] = Counter()  # sessions being created per user
+        # Kept after a user's last connection closes: reconnecting gives no fresh burst.
+        self._buckets: dict[str, Bucket] = {}
+        self._connections: Counter[str] = Counter()
+
+    def refuse(self, code: str, message: str) -> ServiceError:
+        self.refused[code] += 1
+        return ServiceError(code, message)
+
+    # -- connections and frames ----------------------------------------------
+
+    def may_connect(self, user: str) -> bool:
+        lim = self.limits.connections
+        if lim and self._connections[user] >= lim:
+            self.refused["limit_connections"] += 1
+            return False
+        return True
+
+    def connected(self, user: str) -> None:
+        self._connections[user] += 1
+
+    def disconnected(self, user: str) -> None:
+        self._connections[user] -= 1
+        if self._connections[user] <= 0:
+            del self._connections[user]
+
+    def frame_wait(self, user: str, size: int, now: float) -> tuple[ServiceError | None, float]:
+        """Whether a frame of `size` bytes from `user` is refused, and how long
+        to wait before reading the next one."""
+        lim = self.limits
+        wait = 0.0
+        if lim.frames_per_second > 0:  # every frame takes a token, a too large one too
+            bucket = self._buckets.get(user)
+            if bucket is None:
+                bucket = self._buckets[user] = Bucket(lim.frames_per_second, lim.burst, now)
+            wait = bucket.take(now)
+            if wait:
+                return self.refuse("rate_limited", f"more than {lim.frames_per_second:g} frames a second; "
+                                   "this one was not handled, slow down"), wait
+        if size > lim.frame_bytes:
+            return self.refuse("frame_too_large", f"a frame may have at most {lim.frame_bytes} bytes"), wait
+        return None, 0.0
+
+    # -- sessions and replies ------------------------------------------------
+
+    def check_sessions(self, user: str, owned: int) -> None:
+        lim = self.limits.sessions
+        if lim and owned + self.creating[user] >= lim:
+            raise self.refuse("limit_sessions", f"you have {lim} sessions, the most allowed: delete some first")
+
+    def check_projects(self, user: str, owned: int) -> None:
+        lim = self.limits.projects
+        if lim and owned >= lim:
+            raise self.refuse("limit_projects", f"you have {lim} projects, the most allowed")
+
+    def check_running(self, user: str) -> None:
+        """Refuse (before anything is written) a reply `user` may not start."""
+        lim = self.limits.running
+        if lim and self.running[user] >= lim:
+            raise self.refuse("limit_running", f"you have {lim} replies running, the most allowed: "
+                              "wait for one to end or stop one")
+
+    def start_reply(self, user: str) -> None:
+        """Reserve a running reply for `user` (end_reply gives it back)."""
+        self.check_running(user)
+        self.running[user] += 1
+
+    def end_reply(self, user: str) -> None:
+        self.running[user] -= 1
+        if self.running[user] <= 0:
+            del self.running[user]

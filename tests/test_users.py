@@ -1,0 +1,473 @@
+"""Many users on one server (docs/SECURITY.md), over real sockets: who a
+connection is, what it may see and change, and what it is told. Another
+user's id must answer exactly as an id that does not exist; no frame a user
+receives may hold a byte of someone else's sessions."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from trio_websocket import HandshakeError, open_websocket
+
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.projections.recovery import load_session_state
+from sessionlog_store.server.agents.demo import DemoAgent
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.edge.auth import REFUSED, AuthConfig, JwtConfig, make_authenticator
+from sessionlog_store.server.edge.client import Client, ServerError, open_client
+from sessionlog_store.server.edge.limits import Limits
+from sessionlog_store.server.edge.ws import Server, ServerConfig
+from sessionlog_store.server.run import serve_store
+
+from .conftest import read_logs
+
+TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab", "carol": "carol-token-0123456789"}
+FAKE = "Zq9ZZZZZZZZZZZZZZZZZZZ"  # an id that never existed, of an id's shape
+
+
+def tokens_file(folder: Path) -> str:
+    path = folder / "tokens.json"
+    path.write_text(json.dumps({t: u for u, t in TOKENS.items()}))
+    return str(path)
+
+
+async def start(nursery: trio.Nursery, root: str, *, auth: AuthConfig, limits: Limits | None = None,
+                speed: float = 400.0, trust: tuple[str, ...] = (), **store: object) -> Server:
+    ready = trio.Event()
+    holder: dict[str, Server] = {}
+
+    def on_ready(s: Server) -> None:
+        holder["s"] = s
+        ready.set()
+    config = ServerConfig(port=0, token="single-user-token", auth=auth, limits=limits or Limits(),
+                          forwarded_allow_ips=trust)
+    nursery.start_soon(lambda: serve_store(root, config, agent=DemoAgent(speed=speed), on_ready=on_ready,
+                                           store_config=StoreConfig(progress_interval=0.05,
+                                                                    hide_home=auth.mode != "token", **store)))
+    await ready.wait()
+    return holder["s"]
+
+
+async def start_users(nursery: trio.Nursery, root: str, tmp_path: Path, **kw: object) -> Server:
+    return await start(nursery, root, auth=AuthConfig(mode="tokens-file", tokens_file=tokens_file(tmp_path),
+                                                      admins=("carol",)), **kw)  # type: ignore[arg-type]
+
+
+def user(server: Server, name: str, **kw: object):  # type: ignore[no-untyped-def]
+    return open_client("127.0.0.1", server.port, TOKENS[name], **kw)  # type: ignore[arg-type]
+
+
+async def error_of(c: Client, action: str, **fields: object) -> dict[str, object]:
+    with pytest.raises(ServerError) as e:
+        await c.request(action, **fields)
+    return e.value.data
+
+
+def same_refusal(a: dict[str, object], b: dict[str, object], real: dict[str, str]) -> bool:
+    """Two error replies are one answer, once the ids each named are swapped."""
+    def shown(d: dict[str, object]) -> dict[str, object]:
+        return {k: v for k, v in d.items() if k != "request_id"}
+    text = json.dumps(shown(b))
+    for value in real.values():
+        text = text.replace(value, FAKE)
+    return json.dumps(shown(a)) == text
+
+
+# -- the matrix: principals x actions x someone else's ids ---------------------
+
+WRITES = {
+    "switch_branch": lambda s, m, p: {"session_id": s, "msg_id": m},
+    "stop": lambda s, m, p: {"session_id": s, "msg_id": m},
+    "retry": lambda s, m, p: {"session_id": s, "msg_id": m},
+    "rename_session": lambda s, m, p: {"session_id": s, "title": "pwned"},
+    "set_archived": lambda s, m, p: {"session_id": s, "archived": True},
+    "set_pinned": lambda s, m, p: {"session_id": s, "pinned": True},
+    "set_unread": lambda s, m, p: {"session_id": s, "unread": True},
+    "delete_session": lambda s, m, p: {"session_id": s},
+    "set_session_project": lambda s, m, p: {"session_id": s, "project_id": "default"},
+    "relocate_project": lambda s, m, p: {"session_id": s, "project_id": p, "path": "/tmp"},
+    "chat": lambda s, m, p: {"session_id": s, "content": "hi"},
+}
+READS = {
+    "load_session": lambda s, m, p: {"session_id": s},
+    "subscribe_msg": lambda s, m, p: {"session_id": s, "msg_id": m, "offset": 0},
+}
+PROJECT_USES = {  # someone else's project named from one's own session, or a new one
+    "chat": lambda own, p: {"content": "hi", "project_id": p},
+    "create_session": lambda own, p: {"project_id": p},
+    "set_session_project": lambda own, p: {"session_id": own, "project_id": p},
+}
+
+
+async def test_someone_elses_ids_answer_exactly_as_unknown_ones(root, nursery, tmp_path, caplog):
+    server = await start_users(nursery, root, tmp_path, speed=5.0)  # alice's reply is still running throughout
+    folder = tmp_path / "alices-project"
+    folder.mkdir()
+    async with user(server, "alice") as alice:
+        project = (await alice.request("create_project", name="alice-proj", path=str(folder)))["project"]["id"]
+        ack = await alice.request("chat", content="my private medical question", project_id=project)
+        sid, reply = ack["session_id"], ack["reply_id"]
+        before = read_logs(root)[sid]
+        real = {"s": sid, "m": reply, "p": project}
+        fake = {"s": FAKE, "m": FAKE, "p": FAKE}
+        caplog.set_level(logging.WARNING, logger="sessionlog.audit")
+        for name in ("bob", "carol"):
+            async with user(server, name) as other:
+                own = (await other.request("create_session"))["session"]["id"]
+                cells = [(a, f, name == "bob") for a, f in READS.items()] + [(a, f, True) for a, f in WRITES.items()]
+                for action, fields, refused in cells:
+                    if not refused:  # carol is an admin: she may read, and it is logged
+                        await other.request(action, **fields(sid, reply, project))
+                        assert any(sid in r.getMessage() and action in r.getMessage() for r in caplog.records)
+                        continue
+                    got = await error_of(other, action, **fields(sid, reply, project))
+                    unknown = await error_of(other, action, **fields(**fake))
+                    assert same_refusal(unknown, got, real), (name, action, got, unknown)
+                for action, fields in PROJECT_USES.items():
+                    got = await error_of(other, action, **fields(own, project))
+                    unknown = await error_of(other, action, **fields(own, FAKE))
+                    assert same_refusal(unknown, got, real), (name, action, got, unknown)
+                    assert got["code"] == "unknown_project"
+                assert [p["id"] for p in (await other.request("list_projects"))["projects"]] == \
+                    (["default", project] if name == "carol" else ["default"])
+        assert alice.status.get((sid, reply)) is None  # never subscribed: nobody stopped it for her
+        state, _ = load_session_state(OS_FILES, root, sid, use_snapshot=False)
+        assert state.meta is not None and state.meta.title != "pwned" and not state.meta.archived
+        assert read_logs(root)[sid].startswith(before), "nothing was written into alice's log by others"
+        assert state.messages[reply].status in ("running", "done"), "no one else stopped it"
+
+
+async def test_the_owner_is_in_the_log_and_old_logs_belong_to_the_single_user(root, tmp_path):
+    async with trio.open_nursery() as n:
+        server = await start_users(n, root, tmp_path)
+        async with user(server, "alice") as alice:
+            sid = (await alice.request("create_session", title="mine"))["session"]["id"]
+        n.cancel_scope.cancel()
+    first = json.loads(read_logs(root)[sid].split(b"\n")[0])
+    assert first["type"] == "session_created" and first["owner"] == "alice"
+    # The same store as a single-user server: alice's session is not the single user's...
+    async with trio.open_nursery() as n:
+        single = await start(n, root + "-single", auth=AuthConfig())
+        async with open_client("127.0.0.1", single.port, "single-user-token") as c:
+            legacy = (await c.request("create_session", title="before users"))["session"]["id"]
+        n.cancel_scope.cancel()
+    assert "owner" not in json.loads(read_logs(root + "-single")[legacy].split(b"\n")[0]), \
+        "the single user's records carry no owner: a log from before owners reads the same"
+    async with trio.open_nursery() as n:
+        server = await start_users(n, root + "-single", tmp_path)
+        async with user(server, "alice") as alice:
+            assert (await alice.request("list_sessions"))["rows"] == []
+            assert (await error_of(alice, "load_session", session_id=legacy))["code"] == "unknown_session"
+        async with user(server, "carol") as carol:  # the admin sees it, owner ""
+            assert [r["id"] for r in (await carol.request("list_sessions"))["rows"]] == [legacy]
+            assert [r["id"] for r in (await carol.request("list_sessions", filters={"owner": ""}))["rows"]] == [legacy]
+            assert (await carol.request("list_sessions", filters={"owner": "alice"}))["rows"] == []
+        n.cancel_scope.cancel()
+
+
+# -- no frame carries another user's bytes -----------------------------------
+
+ACTIONS = st.sampled_from(["chat_new", "chat_again", "rename", "archive", "pin", "delete", "project",
+                           "list", "list_since", "running", "projects", "load", "stop"])
+
+
+async def _act(c: Client, who: str, action: str, mine: list[str], n: int, folder: Path) -> None:
+    mark = f"{who.upper()}SECRET{n}"
+    sid = mine[n % len(mine)] if mine else None
+    try:
+        match action:
+            case "chat_new":
+                mine.append((await c.request("chat", content=f"{mark} hello"))["session_id"])
+            case "chat_again" if sid:
+                await c.request("chat", session_id=sid, content=f"{mark} again")
+            case "rename" if sid:
+                await c.request("rename_session", session_id=sid, title=f"{mark} title")
+            case "archive" if sid:
+                await c.request("set_archived", session_id=sid, archived=bool(n % 2))
+            case "pin" if sid:
+                await c.request("set_pinned", session_id=sid, pinned=True)
+            case "delete" if sid:
+                await c.request("delete_session", session_id=sid)
+                mine.remove(sid)
+            case "project":
+                d = folder / f"{who}-{n}"
+                d.mkdir(exist_ok=True)
+                await c.request("create_project", name=f"{mark} project", path=str(d))
+            case "list":
+                await c.request("list_sessions", include_archived=True)
+            case "list_since":
+                rev = (await c.request("list_sessions"))["rev"]
+                await c.request("list_sessions", since=rev.rsplit(":", 1)[0] + ":0")
+            case "running":
+                await c.request("list_running")
+            case "projects":
+                await c.request("list_projects")
+            case "load" if sid:
+                await c.follow(sid)
+            case "stop" if sid:
+                for m in (await c.request("load_session", session_id=sid))["messages"]:
+                    if m["status"] == "running":
+                        await c.request("stop", session_id=sid, msg_id=m["msg_id"])
+    except ServerError as e:
+        assert e.code in ("not_running", "path_in_use", "unknown_session"), e.data
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=st.lists(st.tuples(st.sampled_from(["alice", "bob"]), ACTIONS), min_size=4, max_size=25))
+async def test_two_users_never_receive_a_byte_of_each_others_sessions(steps):
+    work = Path(tempfile.mkdtemp(dir=os.environ["HOME"]))
+    async with trio.open_nursery() as nursery:
+        server = await start_users(nursery, str(work / "store"), work, speed=200.0)
+        mine: dict[str, list[str]] = {"alice": [], "bob": []}
+        async with user(server, "alice", record=True) as alice, user(server, "bob", record=True) as bob:
+            clients = {"alice": alice, "bob": bob}
+            for n, (who, action) in enumerate(steps):
+                await _act(clients[who], who, action, mine[who], n, work)
+            await trio.sleep(0.3)  # the last replies' pushes
+            ids = {who: set(mine[who]) | {sid for sid, _ in clients[who].content} for who in mine}
+            for who, other in (("alice", "bob"), ("bob", "alice")):
+                frames = clients[who].frames
+                assert frames is not None
+                for frame in frames:
+                    assert f"{other.upper()}SECRET" not in frame, (who, frame[:300])
+                    assert not any(sid in frame for sid in ids[other]), (who, frame[:300])
+                    assert f"/{other}-" not in frame, (who, frame[:300])  # a project path
+        nursery.cancel_scope.cancel()
+
+
+# -- projects: no disk probing -----------------------------------------------
+
+async def test_project_paths_outside_the_roots_get_one_answer_whatever_is_wrong(root, nursery, tmp_path):
+    allowed = tmp_path / "projects"
+    (allowed / "ok").mkdir(parents=True)
+    (allowed / "a-file").write_text("x")
+    (allowed / "escape").symlink_to("/etc")
+    (tmp_path / "outside").mkdir()
+    server = await start_users(nursery, root, tmp_path, project_roots=(str(allowed),))
+    async with user(server, "alice") as alice:
+        answers = set()
+        for bad in ("/etc", str(tmp_path / "outside"), str(allowed / "missing"), str(allowed / "a-file"),
+                    str(allowed / "escape"), str(allowed / ".." / "outside"), "relative/path", "/nonexistent/x"):
+            e = await error_of(alice, "create_project", name="x", path=bad)
+            answers.add((e["code"], e["message"]))
+        assert len(answers) == 1 and next(iter(answers))[0] == "bad_path", answers
+        made = (await alice.request("create_project", name="ok", path=str(allowed / "ok")))["project"]
+        assert made["path"] == str(allowed / "ok")
+        default = (await alice.request("list_projects"))["projects"][0]
+        assert default["id"] == "default" and default["path"] == "", "the server's home is not shown to users"
+    async with user(server, "bob") as bob:  # the same folder is bob's to use too: no "in use" oracle
+        assert (await bob.request("create_project", name="mine", path=str(allowed / "ok")))["project"]["path"]
+        e = await error_of(bob, "create_project", name="again", path=str(allowed / "ok"))
+        assert e["code"] == "path_in_use", "one user's own projects never share a folder"
+
+
+# -- limits per principal ----------------------------------------------------
+
+async def test_limits_refuse_with_stable_codes_change_nothing_and_are_counted(root, nursery, tmp_path):
+    server = await start_users(nursery, root, tmp_path, speed=3.0,
+                               limits=Limits(sessions=2, running=1, frames_per_second=5, burst=10,
+                                             frame_bytes=2000))
+    async with user(server, "alice") as alice, user(server, "bob") as bob:
+        first = await alice.request("chat", content="one")
+        assert (await error_of(alice, "chat", content="two"))["code"] == "limit_running"
+        assert (await error_of(alice, "chat", session_id=first["session_id"], content="x"))["code"] == "limit_running"
+        assert len(read_logs(root)) == 1, "a refused chat writes nothing"
+        await alice.request("stop", session_id=first["session_id"], msg_id=first["reply_id"])
+        with trio.fail_after(10):
+            while server.quotas.running["alice"]:
+                await trio.sleep(0.01)
+        await alice.request("create_session")
+        assert (await error_of(alice, "create_session"))["code"] == "limit_sessions"
+        assert len([s for s in read_logs(root)]) == 2
+        await alice.ws.send_message(json.dumps({"action": "rename_session", "session_id": first["session_id"],
+                                                "title": "x" * 3000}))
+        with trio.fail_after(10):
+            await alice.wait_for(lambda f: f["type"] == "error" and f["data"]["code"] == "frame_too_large")
+        # alice floods; bob, at his own pace, is answered every time
+        await trio.sleep(2.5)  # buckets full again
+        for _ in range(40):
+            await alice.ws.send_message(json.dumps({"action": "list_running"}))
+        for i in range(5):
+            await bob.request("list_running")
+        with trio.fail_after(15):
+            await alice.wait_for(lambda f: f["type"] == "error" and f["data"]["code"] == "rate_limited")
+        assert (await error_of(alice, "list_running"))["code"] == "rate_limited", "answered, by request_id"
+    text = server.metrics.render().decode()
+    for reason in ("limit_running", "limit_sessions", "frame_too_large", "rate_limited"):
+        line = next(ln for ln in text.splitlines() if ln.startswith(f'sessionlog_refusals_total{{reason="{reason}"}}'))
+        assert float(line.split()[-1]) >= 1, line
+
+
+# -- authenticators ------------------------------------------------------------
+
+async def handshake_status(port: int, path: str, headers: list[tuple[bytes, bytes]] | None = None) -> int | None:
+    try:
+        async with open_websocket("127.0.0.1", port, path, use_ssl=False, extra_headers=headers):
+            return 101
+    except HandshakeError as e:
+        return getattr(e, "status_code", None)
+
+
+async def test_a_refused_handshake_says_the_same_whatever_was_wrong(root, nursery, tmp_path):
+    from .test_ws import raw_http
+    server = await start_users(nursery, root, tmp_path)
+    bodies = set()
+    for token in ("", "wrong", TOKENS["alice"][:-1], TOKENS["alice"] + "x", "nobody-token-0123456789"):
+        up = (f"GET /ws?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nUpgrade: websocket\r\n"
+              "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        reply = await raw_http(server.port, up.encode())
+        bodies.add(reply.split(b"\r\n", 1)[0] + reply.split(b"\r\n\r\n", 1)[1])
+    assert bodies == {b"HTTP/1.1 403 Forbidden" + REFUSED.encode() + b"\n"}, bodies
+    assert await handshake_status(server.port, f"/ws?token={TOKENS['bob']}") == 101
+
+
+async def test_proxy_header_is_believed_from_the_trusted_proxy_only(root, nursery):
+    trusting = await start(nursery, root, auth=AuthConfig(mode="proxy-header"), trust=("127.0.0.1",))
+    hdr = [(b"X-Forwarded-User", b"alice")]
+    assert await handshake_status(trusting.port, "/ws", hdr) == 101
+    assert await handshake_status(trusting.port, "/ws") == 403, "no header: no user"
+    wary = await start(nursery, root + "-b", auth=AuthConfig(mode="proxy-header"), trust=("10.9.9.9",))
+    assert await handshake_status(wary.port, "/ws", hdr) == 403, "anyone can send the header"
+    for trust in ((), ("*",)):
+        with pytest.raises(ValueError, match="forwarded-allow-ips"):
+            make_authenticator(AuthConfig(mode="proxy-header"), "", trust)
+
+
+SECRET = "a-secret-of-at-least-thirty-two-characters!"
+
+
+async def test_jwt_checks_signature_expiry_audience_issuer_and_the_algorithm(root, nursery, tmp_path):
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    auth = AuthConfig(mode="jwt", jwt=JwtConfig(secret=SECRET, audience="chat", issuer="https://id.example",
+                                                leeway=10))
+    server = await start(nursery, root, auth=auth)
+    now = int(time.time())
+    good = {"sub": "alice", "aud": "chat", "iss": "https://id.example", "exp": now + 60}
+
+    async def status(claims: dict[str, object], key: object = SECRET, alg: str = "HS256", bearer: bool = False) -> int | None:
+        token = jwt.encode(claims, key, algorithm=alg)  # type: ignore[arg-type]
+        if bearer:
+            return await handshake_status(server.port, "/ws", [(b"Authorization", f"Bearer {token}".encode())])
+        return await handshake_status(server.port, f"/ws?token={token}")
+    assert await status(good) == 101
+    assert await status(good, bearer=True) == 101
+    assert await status({**good, "exp": now - 5}) == 101, "within the leeway"
+    assert await status({**good, "exp": now - 60}) == 403, "expired"
+    assert await status({k: v for k, v in good.items() if k != "exp"}) == 403, "exp is required"
+    assert await status({**good, "aud": "other"}) == 403
+    assert await status({**good, "iss": "https://evil.example"}) == 403
+    assert await status(good, key="another-secret-of-at-least-thirty-two-chars") == 403
+    assert await status(good, key=None, alg="none") == 403
+    # public keys: RS256 from a JWKS file, and no HS256 forged with the public key
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key()))
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "alg": "RS256", "use": "sig"}]}))
+    rs = await start(nursery, root + "-rs", auth=AuthConfig(mode="jwt", jwt=JwtConfig(jwks_file=str(tmp_path / "jwks.json"))))
+    token = jwt.encode({k: v for k, v in good.items() if k != "aud"}, private, algorithm="RS256", headers={"kid": "k1"})
+    assert await handshake_status(rs.port, f"/ws?token={token}") == 101
+    pem = private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    import hmac as _hmac
+    import base64
+    head = base64.urlsafe_b64encode(json.dumps({"alg": "HS256", "kid": "k1"}).encode()).rstrip(b"=")
+    body = base64.urlsafe_b64encode(json.dumps(good).encode()).rstrip(b"=")
+    sig = base64.urlsafe_b64encode(_hmac.new(pem, head + b"." + body, "sha256").digest()).rstrip(b"=")
+    forged = (head + b"." + body + b"." + sig).decode()
+    assert await handshake_status(rs.port, f"/ws?token={forged}") == 403, "HS256 signed with the public key"
+
+
+# -- review findings -------------------------------------------------------------
+
+async def test_a_project_never_points_into_the_data_root_nor_at_the_home(root, nursery, tmp_path):
+    """Review finding: with the home as the project root and the data root
+    under it, a project on `<root>/sessions/<id>` told whether that session
+    existed."""
+    server = await start_users(nursery, root, tmp_path, project_roots=(str(tmp_path),), home=str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    async with user(server, "bob") as bob:
+        bob_sid = (await bob.request("create_session"))["session"]["id"]
+    async with user(server, "alice") as alice:
+        answers = {json.dumps({k: v for k, v in (await error_of(alice, "create_project", name="x", path=p)).items()
+                               if k != "request_id"})
+                   for p in (os.path.join(root, "sessions", bob_sid), os.path.join(root, "sessions", FAKE), root,
+                             os.path.join(root, "sessions"), str(tmp_path / "home"))}
+        assert len(answers) == 1 and '"bad_path"' in answers.pop()
+
+
+async def test_a_revoked_token_and_an_expired_jwt_end_their_open_connections(root, nursery, tmp_path):
+    import time
+
+    import jwt
+    server = await start_users(nursery, root, tmp_path)
+    async with user(server, "alice") as alice, user(server, "bob") as bob:
+        await alice.request("list_sessions")
+        (tmp_path / "tokens.json").write_text(json.dumps({TOKENS["bob"]: "bob"}))  # alice's token removed
+        server.reload_auth()
+        with trio.fail_after(10):
+            while not alice.ws.closed:
+                await trio.sleep(0.01)
+        assert alice.ws.closed.code == 1008
+        await bob.request("list_sessions")  # still his
+    assert await handshake_status(server.port, f"/ws?token={TOKENS['alice']}") == 403
+    auth = AuthConfig(mode="jwt", jwt=JwtConfig(secret=SECRET, leeway=0))
+    js = await start(nursery, root + "-jwt", auth=auth)
+    token = jwt.encode({"sub": "alice", "exp": int(time.time()) + 2}, SECRET, algorithm="HS256")
+    async with open_client("127.0.0.1", js.port, token) as c:
+        await c.request("list_sessions")
+        with trio.fail_after(10):
+            while not c.ws.closed:
+                await trio.sleep(0.05)
+        assert c.ws.closed.code == 1008
+    with_aud = jwt.encode({"sub": "alice", "exp": int(time.time()) + 60, "aud": "another-app"}, SECRET,
+                          algorithm="HS256")
+    assert await handshake_status(js.port, f"/ws?token={with_aud}") == 403, "a token for another audience"
+
+
+async def test_limits_hold_across_connections_reconnects_and_races(root, nursery, tmp_path):
+    server = await start_users(nursery, root, tmp_path, speed=3.0,
+                               limits=Limits(running=1, frames_per_second=2, burst=3, frame_bytes=500,
+                                             connections=2, projects=1))
+    async with user(server, "alice") as a1, user(server, "alice") as a2:
+        assert await handshake_status(server.port, f"/ws?token={TOKENS['alice']}") == 429, "a third connection"
+        results = []
+
+        async def chat(c: Client) -> None:
+            try:
+                results.append((await c.request("chat", content="race"))["reply_id"])
+            except ServerError as e:
+                results.append(e.code)
+        async with trio.open_nursery() as n:
+            n.start_soon(chat, a1)
+            n.start_soon(chat, a2)
+        assert sorted(r if r == "limit_running" else "ok" for r in results) == ["limit_running", "ok"]
+        assert len(read_logs(root)) == 1, "the refused chat wrote no session"
+        (tmp_path / "p1").mkdir()
+        (tmp_path / "p2").mkdir()
+        await trio.sleep(1.5)
+        await a1.request("create_project", name="one", path=str(tmp_path / "p1"))
+        assert (await error_of(a1, "create_project", name="two", path=str(tmp_path / "p2")))["code"] == "limit_projects"
+        for _ in range(6):  # too large frames take tokens too
+            await a1.ws.send_message(json.dumps({"action": "list_running", "pad": "x" * 600}))
+        with trio.fail_after(10):
+            await a1.wait_for(lambda f: f["type"] == "error" and f["data"]["code"] == "rate_limited")
+    async with user(server, "alice") as again:  # a new connection brings no fresh burst
+        assert (await error_of(again, "list_running"))["code"] == "rate_limited"
+
+
+def test_the_registry_cap_is_per_owner():
+    from sessionlog_store.projections.maintenance import MaintenanceConfig, plan_maintenance
+    from sessionlog_store.projections.session import SessionMeta
+    rows = [SessionMeta(id=f"a{i}", owner="alice", archived=True, message_count=1, updated_at=i) for i in range(5)]
+    rows += [SessionMeta(id=f"b{i}", owner="bob", archived=True, message_count=1, updated_at=100 + i) for i in range(2)]
+    plan = plan_maintenance(rows, now=200.0, cfg=MaintenanceConfig(empty_shell_age=0, archive_ttl=0, max_sessions=3))
+    assert plan.over_capacity == ["a0", "a1"], "alice's many sessions never push out bob's"
