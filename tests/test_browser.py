@@ -3,6 +3,7 @@ against a real `sessionlog serve` process. Skipped, with a message, where no
 Chromium is installed; under CI (CI=true) a missing Chromium is a failure."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -724,3 +725,169 @@ def test_small_breakages(serve, browser):
     assert page.evaluate(f'window.sessionlog.sessions.get("{alpha}").title') == "My own title"
     assert page.title() == "My own title — sessionlog"
     assert not page.errors
+
+
+def test_two_users_in_two_browsers_never_see_each_other(tmp_path, browser):
+    """--auth tokens-file: alice and bob each in their own browser context
+    (cookies, storage, everything apart); each page shows its own chats only,
+    live, and bob's page gets not a byte of alice's."""
+    tokens = {"alice": "alice-browser-token-0123", "bob": "bob-browser-token-012345"}
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({t: u for u, t in tokens.items()}))
+    s = ServeProcess(str(tmp_path / "store"), free_port(), extra=("--auth", "tokens-file", "--tokens-file", str(path)))
+    s.start()
+    try:
+        pages, frames = {}, {}
+        for name, tok in tokens.items():
+            ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = ctx.new_page()
+            frames[name] = []
+            page.on("websocket", lambda ws, n=name: ws.on("framereceived", lambda f, n=n: frames[n].append(str(f))))
+            page.goto(f"http://127.0.0.1:{s.port}/?token={tok}")
+            page.wait_for_selector(".conn.online")
+            pages[name] = page
+        a, b = pages["alice"], pages["bob"]
+        a.fill("#input", "alice's private medical question")
+        a.press("#input", "Enter")
+        a.wait_for_selector(".msg.assistant")
+        alice_sid = current_session(a)
+        b.fill("#input", "bob's own question")
+        b.press("#input", "Enter")
+        b.wait_for_selector(".msg.assistant")
+        bob_sid = current_session(b)
+        a.bring_to_front()
+        a.wait_for_function(f'!!document.querySelector(\'#sessions li[data-id="{alice_sid}"]\')')
+        b.bring_to_front()
+        b.reload()
+        b.wait_for_selector(f'#sessions li[data-id="{bob_sid}"]')
+        b.wait_for_timeout(500)  # room for any push that should not come
+        assert b.locator(f'#sessions li[data-id="{alice_sid}"]').count() == 0
+        assert "medical" not in b.inner_text("body")
+        assert not any(alice_sid in f or "medical" in f for f in frames["bob"]), "a frame of alice's reached bob"
+        assert not any(bob_sid in f for f in frames["alice"])
+        bad = a.context.browser.new_context().new_page()  # a wrong token: the page says what to do
+        bad.goto(f"http://127.0.0.1:{s.port}/?token=not-a-token")
+        bad.wait_for_selector("#token-box:not([hidden])")
+    finally:
+        s.stop()
+
+
+def test_a_double_send_in_a_new_chat_makes_one_chat(serve, browser):
+    """Review finding: two quick Sends while the first waited for its answer
+    made two saved chats, each with a reply."""
+    page = open_page(browser, serve.url)
+    page.fill("#input", "double click on send")
+    page.evaluate("document.getElementById('send').click(); document.getElementById('send').click()")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant")
+    page.wait_for_timeout(500)
+    assert page.locator("#sessions li").count() == 1
+    assert page.locator(".msg.user").count() == 1
+    assert not page.errors
+
+
+def test_a_selection_in_the_block_being_written_survives_and_the_text_catches_up(tmp_path, browser):
+    """Review finding: the last block was replaced on each frame, and a
+    selection in it lost."""
+    s = ServeProcess(str(tmp_path / "store"), free_port(), speed=6.0)
+    s.start()
+    try:
+        page = open_page(browser, s.url)
+        page.fill("#input", "a long answer please")
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant.running .bubble > *")
+        mid = reply_id(page)
+        page.evaluate(f"""() => {{
+            const last = document.querySelector('[data-msg="{mid}"] .bubble').lastElementChild;
+            window.__held = last;
+            const r = document.createRange(); r.selectNodeContents(last);
+            const s = getSelection(); s.removeAllRanges(); s.addRange(r); }}""")
+        chosen = page.evaluate("getSelection().toString()")
+        before = content_of(page, mid)
+        page.wait_for_function(f'window.sessionlog.messages.get("{mid}").content.length > {len(before) + 20}',
+                               timeout=30_000)
+        assert page.evaluate("window.__held.isConnected"), "the selected block was replaced"
+        assert page.evaluate("getSelection().toString()") == chosen
+        page.evaluate("getSelection().removeAllRanges()")
+        page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+        page.wait_for_function(f"""() => document.querySelector('[data-msg="{mid}"] .bubble').innerText.trim()
+            .endsWith(window.sessionlog.messages.get("{mid}").content.trim().split(/\\s+/).pop().replace(/[*_`]/g, ''))""")
+        assert not page.errors
+    finally:
+        s.stop()
+
+
+def test_offline_nothing_offers_a_stop_and_the_phone_composer_stays_on_screen(tmp_path, browser):
+    s = ServeProcess(str(tmp_path / "store"), free_port(), speed=6.0)
+    s.start()
+    try:
+        page = phone_page(browser, s.url)
+        page.fill("#input", "stream while the server dies")
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant.running")
+        assert page.inner_text("#send") == "Stop"
+        s.kill()
+        page.wait_for_selector("body.offline")
+        page.wait_for_selector("#offline-banner", state="visible")
+        assert page.inner_text("#send") == "Send" and page.is_disabled("#send")
+        assert not page.locator(".msg.assistant .controls .stop").is_visible()
+        assert not page.locator(".msg.assistant .badge.running").is_visible()
+        box = page.locator("#send").bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 844, box
+        assert page.evaluate("document.documentElement.scrollHeight") <= 844
+    finally:
+        s.stop()
+
+
+def test_the_drawer_keeps_focus_and_code_on_a_phone_has_big_targets(serve, browser):
+    page = phone_page(browser, serve.url)
+    page.fill("#input", "show me some code")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.done pre button.copy", timeout=60_000)
+    assert page.locator("pre button.copy").first.bounding_box()["height"] >= 40
+    assert page.locator("#chat-header").bounding_box()["height"] <= 120, "the actions make one row"
+    page.click("#menu-btn")
+    page.wait_for_selector("#sidebar", state="visible")
+    for _ in range(25):
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.closest('#sidebar') !== null "
+                             "|| document.activeElement.id === 'menu-btn'"), page.evaluate("document.activeElement.outerHTML")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#sidebar", state="hidden")
+    page.keyboard.press("/")
+    assert page.evaluate("document.activeElement.id") == "input"
+
+
+def test_replies_go_through_the_sanitizer_and_a_typed_title_is_replaced_only_when_confirmed(serve, browser):
+    """Review findings: the hostile-input test would pass without DOMPurify
+    (markdown-it escapes HTML by itself), and the confirmed regenerate was
+    never tried."""
+    a = open_page(browser, serve.url)
+    a.evaluate("""() => { window.__sanitized = 0; const f = DOMPurify.sanitize.bind(DOMPurify);
+                          DOMPurify.sanitize = (...args) => { window.__sanitized++; return f(...args); }; }""")
+    a.fill("#input", "hello, and a list please")
+    a.press("#input", "Enter")
+    a.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    assert a.evaluate("window.__sanitized") > 0
+    sid = current_session(a)
+    b = open_page(browser, serve.url)
+    b.wait_for_selector(f'#sessions li[data-id="{sid}"]')
+    a.click("#act-rename")
+    a.fill("#title-input", "My own title")
+    a.press("#title-input", "Enter")
+    row = f'#sessions li[data-id="{sid}"]'
+    b.bring_to_front()
+    b.wait_for_function(f'document.querySelector(\'{row}\').innerText.includes("My own title")')
+    a.bring_to_front()
+    a.click("#act-regenerate")
+    a.wait_for_selector("#act-regenerate.confirm")
+    a.click("#act-regenerate")  # confirmed: the title generator names it
+    a.wait_for_function("!document.querySelector('#title').innerText.includes('My own title')", timeout=30_000)
+    # another chat in tab a: tab b's list moves it to the top with its preview
+    a.click("#new-chat")
+    a.fill("#input", "zebra preview for the other tab")
+    a.press("#input", "Enter")
+    a.wait_for_selector(".msg.assistant")
+    b.bring_to_front()
+    b.wait_for_function("document.querySelector('#sessions li')?.innerText.includes('zebra preview')")
+    assert b.locator("#sessions li").count() == 2

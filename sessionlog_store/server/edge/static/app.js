@@ -55,9 +55,15 @@ function markdownBlocks(text) {
 
 // Render into `box` touching only the top-level blocks that changed: the
 // blocks above the one being written keep their nodes (and any selection).
+// A block that holds the user's selection is left as it is while the
+// selection lasts (the text it gains shows once the selection goes).
 function renderMarkdownInto(box, text) {
   const fresh = markdownBlocks(text);
   const old = [...box.childNodes];
+  const sel = window.getSelection();
+  const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
+  if (old.slice(Math.min(fresh.length, old.length) - 1).some(held)) { box._pending = text; heldBoxes.add(box); return; }
+  box._pending = null;
   fresh.forEach((n, i) => {
     const html = n.outerHTML ?? n.textContent;
     if (i < old.length && old[i]._html === html) return;
@@ -67,6 +73,14 @@ function renderMarkdownInto(box, text) {
   });
   for (const n of old.slice(fresh.length)) n.remove();
 }
+
+const heldBoxes = new Set();
+document.addEventListener("selectionchange", () => {
+  for (const box of [...heldBoxes]) {
+    heldBoxes.delete(box);
+    if (box._pending != null && box.isConnected) renderMarkdownInto(box, box._pending);
+  }
+});
 
 function addCopyButton(pre) {
   const b = el("button", { class: "copy", type: "button", "aria-label": "Copy code" }, "Copy");
@@ -107,12 +121,24 @@ function connect() {
   };
 }
 
+// A connection that died without a close (a laptop asleep, a network gone)
+// is noticed by the browser late: ask every HEARTBEAT ms, and treat no answer
+// within as long as a lost connection.
+const HEARTBEAT = 15000;
+setInterval(() => {
+  if (!state.online) return;
+  const ws = state.ws;
+  const timer = setTimeout(() => { if (state.ws === ws) ws.close(); }, HEARTBEAT);
+  request("list_running").then(() => clearTimeout(timer), () => clearTimeout(timer));
+}, HEARTBEAT);
+window.addEventListener("offline", () => { try { state.ws?.close(); } catch { /* closed */ } });
+
 // A socket that never opens while the page's server answers: the handshake
 // is refused (a new token after a restart, most likely). Say what to do.
 async function checkRefused() {
   try {
     const r = await fetch(new URL("static/app.js", location.href), { method: "HEAD", cache: "no-store" });
-    if (r.ok && !state.online) $("token-box").hidden = false;
+    if (r.ok && !state.online && $("token-box").hidden) { $("token-box").hidden = false; $("token-input").focus(); }
   } catch { /* the server is down: keep reconnecting */ }
 }
 
@@ -539,11 +565,11 @@ function runningReply() {
 
 // Send turns into Stop while this chat's reply streams; offline, nothing is sent.
 function renderComposer() {
-  const running = runningReply();
+  const running = state.online && runningReply();  // offline, nothing can be stopped from here
   const send = $("send");
   send.textContent = running ? "Stop" : "Send";
   send.classList.toggle("danger", !!running);
-  send.disabled = !state.online;
+  send.disabled = !state.online || state.sending;
   const input = $("input");
   const hadFocus = document.activeElement === input;
   input.disabled = !state.online;
@@ -560,7 +586,7 @@ function showConn() {
   document.body.classList.toggle("offline", !state.online);
   const banner = $("offline-banner");
   banner.hidden = state.online || !state.everOpened;
-  banner.textContent = "Connection lost: reconnecting… Sending is paused; running replies continue on the server and catch up here when the connection is back.";
+  banner.textContent = "Connection lost: reconnecting… Sending and Stop are paused until it is back; what the server wrote meanwhile will then show here.";
   renderComposer();
 }
 
@@ -588,7 +614,8 @@ async function switchBranch(msgId) {
 
 async function send(text) {
   if (runningReply()) { act("stop", { msg_id: runningReply().msg_id }); return; }
-  if (!text.trim()) return;
+  if (!text.trim() || state.sending) return;  // one message at a time: a double Enter makes no second chat
+  state.sending = true; renderComposer();
   try {
     const fields = { content: text };
     if (state.current) fields.session_id = state.current; else fields.project_id = state.draftProject;
@@ -598,6 +625,7 @@ async function send(text) {
     await openSession(ack.session_id, { keep: ack.session_id === state.current });
     refreshRunning();
   } catch (e) { showError(e.message); }
+  finally { state.sending = false; renderComposer(); }
 }
 
 function growInput() {
@@ -629,7 +657,7 @@ function closeRename() {
 $("send-form").addEventListener("submit", (ev) => { ev.preventDefault(); send($("input").value); });
 $("input").addEventListener("keydown", (ev) => {
   if (ev.isComposing || ev.keyCode === 229) return;  // an IME is composing: Enter picks a candidate
-  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); if (!runningReply()) send($("input").value); }
+  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); if (!runningReply() && !state.sending) send($("input").value); }
 });
 $("input").addEventListener("input", growInput);
 $("new-chat").addEventListener("click", newChat);
@@ -713,6 +741,16 @@ $("token-form").addEventListener("submit", (ev) => {
   try { state.ws?.close(); } catch { /* closed */ }
 });
 document.addEventListener("keydown", (ev) => {
+  if (ev.key === "Tab" && document.body.classList.contains("drawer-open")) {  // focus stays in the open drawer
+    const items = [$("menu-btn"), ...$("sidebar").querySelectorAll("button, input, select, [tabindex='0']")]
+      .filter((n) => !n.disabled && n.offsetParent !== null);
+    const i = items.indexOf(document.activeElement);
+    const next = items[(i + (ev.shiftKey ? items.length - 1 : 1) + items.length) % items.length];
+    if (next) { ev.preventDefault(); next.focus(); }
+    return;
+  }
+  const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement?.tagName || "");
+  if (ev.key === "/" && !typing && !ev.ctrlKey && !ev.metaKey && !ev.altKey) { ev.preventDefault(); $("input").focus(); return; }
   if (ev.ctrlKey && ev.shiftKey && (ev.key === "O" || ev.key === "o")) { ev.preventDefault(); newChat(); return; }
   if (ev.ctrlKey && ev.key === "/") { ev.preventDefault(); $("help").showModal(); return; }
   if (ev.key === "Escape" && ev.shiftKey) { ev.preventDefault(); $("input").focus(); return; }
