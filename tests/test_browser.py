@@ -891,3 +891,14 @@ def test_replies_go_through_the_sanitizer_and_a_typed_title_is_replaced_only_whe
     b.bring_to_front()
     b.wait_for_function("document.querySelector('#sessions li')?.innerText.includes('zebra preview')")
     assert b.locator("#sessions li").count() == 2
+
+
+def test_the_browser_going_offline_is_noticed_at_once(serve, browser):
+    """Review finding: with the network gone the page went on saying "live"
+    and kept the composer enabled (a socket that dies without a close)."""
+    page = open_page(browser, serve.url)
+    page.context.set_offline(True)
+    page.wait_for_selector("body.offline", timeout=5_000)
+    assert page.is_disabled("#send")
+    page.context.set_offline(False)
+    page.wait_for_selector(".conn.online", timeout=30_000)

@@ -471,3 +471,45 @@ def test_the_registry_cap_is_per_owner():
     rows += [SessionMeta(id=f"b{i}", owner="bob", archived=True, message_count=1, updated_at=100 + i) for i in range(2)]
     plan = plan_maintenance(rows, now=200.0, cfg=MaintenanceConfig(empty_shell_age=0, archive_ttl=0, max_sessions=3))
     assert plan.over_capacity == ["a0", "a1"], "alice's many sessions never push out bob's"
+
+
+async def test_sighup_rereads_the_tokens_file_of_a_real_server(root, tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import ROOT as REPO
+    path = tokens_file(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "sessionlog_store", "serve", "--root", root, "--port", "0",
+                             "--auth", "tokens-file", "--tokens-file", path, "--admin", "carol"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def port_of() -> int:
+        assert proc.stdout is not None
+        while True:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else "server ended"
+            if "serving http://" in line:
+                assert "token" not in line.split("(")[0], "no token in the URL of a many-user server"
+                return int(re.search(r"http://[^/]+:(\d+)/", line).group(1))  # type: ignore[union-attr]
+    try:
+        with trio.fail_after(60):
+            port = await trio.to_thread.run_sync(port_of)
+            async with open_client("127.0.0.1", port, TOKENS["alice"]) as alice:
+                await alice.request("create_session", title="before the reload")
+                Path(path).write_text(json.dumps({"dave-token-0123456789ab": "dave", TOKENS["bob"]: "bob"}))
+                proc.send_signal(signal.SIGHUP)
+                while not alice.ws.closed:  # alice's token is gone: so is her connection
+                    await trio.sleep(0.05)
+            async with open_client("127.0.0.1", port, "dave-token-0123456789ab") as dave:
+                assert (await dave.request("list_sessions"))["rows"] == []
+            assert await handshake_status(port, f"/ws?token={TOKENS['alice']}") == 403
+        proc.send_signal(signal.SIGTERM)
+        _, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
+        assert proc.returncode == 0, err
+        assert "tokens file reloaded" in err and TOKENS["alice"] not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
