@@ -70,7 +70,7 @@ from .events import Event, SessionDeleted
 from .fsio import HAVE_SYNCFS, OS_FILES, FileOps, lock_root
 from .journal import (SEGMENT_BYTES, Entry, JournalRecovery, apply_journal, birth, encode_frame, journal_dir,
                       born_of, log_born, segment_name)
-from .log import SESSIONS_DIR, log_path, session_dir
+from .log import SESSIONS_DIR, log_path, read_log, scan, session_dir
 from .record import Record, encode_record
 
 SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
@@ -376,6 +376,17 @@ class EventStore:
         except OSError as e:  # the tombstone is durable: the next start finishes the removal
             self._fail(e)
             raise StoreBroken(f"removing session {session_id!r} failed: {e}") from e
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
+        """The session's acknowledged records with seq > `after_seq`, in order
+        (what a reader of the log finds once everything appended is in it)."""
+        sess = self._session(session_id)
+        await self.flush()
+        if sess.corrupt is not None:
+            raise SessionReadOnly(f"session {session_id} is quarantined (damaged log); repair it first")
+        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
+        data += self.unwritten(session_id)
+        return [r for r in scan(session_id, data).records if r.seq > after_seq]
 
     def _remove_sync(self, folder: str, fd: int | None) -> None:
         if fd is not None:

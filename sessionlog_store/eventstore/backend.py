@@ -1,0 +1,63 @@
+"""The event log's contract: what the session store needs of a backend.
+
+`EventStore` (commit.py: a JSONL log per session, group commit, the
+write-ahead journal) is the reference implementation and, for now, the only
+one; `tests/test_backend_contract.py` holds the semantics every backend must
+pass, as one abstract test class to subclass per backend (issue 17: a NATS
+JetStream backend is to be the second).
+
+The semantics, in short:
+- A session is created with its first records, durably (`create`); an id
+  that exists is `SessionExists`.
+- Each record gets the session's next `seq`, from 1, without gaps, in the
+  order of the calls; `append_many` returns once its records are durable,
+  `append_nowait` at once (the progress class), `wait_durable` waits for one.
+- `listeners` see every record as it is appended, in seq order per session,
+  before any await (the live projections).
+- `read` returns the acknowledged records after a seq; `remove` forgets a
+  session (after its tombstone is durable): it is then `UnknownSession`.
+- A failed write or sync is fatal: `broken()` says why, every later write
+  raises `StoreBroken`, `failure_listeners` are told once.
+Not yet in the contract (the local store's startup reads its files itself:
+domain/startup.py, projections/recovery.py): reopening, and tailing every
+session from a position across processes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from .commit import Appended
+from .errors import CorruptRecord
+from .events import Event
+from .record import Record
+
+RecordListener = Callable[[str, Record, int], None]  # (session id, record, its end in the session's log)
+
+
+class EventLog(Protocol):
+    listeners: list[RecordListener]
+    failure_listeners: list[Callable[[BaseException], None]]
+
+    def __contains__(self, session_id: str) -> bool: ...
+    def session_ids(self) -> list[str]: ...
+    def last_seq(self, session_id: str) -> int: ...
+    def durable_seq(self, session_id: str) -> int: ...
+    def corruption(self, session_id: str) -> CorruptRecord | None: ...
+    @property
+    def broken(self) -> BaseException | None: ...
+
+    async def create(self, session_id: str, events: Sequence[Event]) -> list[Appended]: ...
+    async def append_many(self, session_id: str, events: Sequence[Event]) -> list[Appended]: ...
+    def append_nowait(self, session_id: str, event: Event) -> Appended: ...
+    async def wait_durable(self, session_id: str, seq: int) -> None: ...
+    async def flush(self) -> None: ...
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]: ...
+    async def remove(self, session_id: str) -> None: ...
+
+
+if TYPE_CHECKING:
+    from .commit import EventStore
+
+    def _the_reference_is_an_event_log(store: EventStore) -> EventLog:
+        return store  # mypy checks that EventStore keeps the contract

@@ -1,0 +1,121 @@
+"""The event log's contract (eventstore/backend.py) as one abstract suite:
+a backend passes it by subclassing `EventLogContract` with an `open_log`
+that opens a fresh, empty log of that backend. Today the local JSONL store
+runs it in each sync mode; a second backend (issue 17) adds its subclass."""
+from __future__ import annotations
+
+import errno
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from sessionlog_store.eventstore import FileOps, StoreBroken, open_event_store
+from sessionlog_store.eventstore.backend import EventLog
+from sessionlog_store.eventstore.errors import SessionExists, UnknownSession
+from sessionlog_store.eventstore.events import (MessageProgress, SessionCreated, SessionDeleted, SessionRenamed)
+
+
+def born(sid: str) -> SessionCreated:
+    return SessionCreated(session_id=sid, title="t")
+
+
+class EventLogContract:
+    """What every backend must do. Subclasses give `open_log(path, fs)`."""
+
+    def open_log(self, path: str, fs: FileOps | None = None):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    async def test_create_gives_seqs_from_one_and_refuses_an_id_twice(self, tmp_path):
+        async with self.open_log(str(tmp_path / "log")) as log:
+            out = await log.create("s1", [born("s1"), SessionRenamed(title="a")])
+            assert [a.record.seq for a in out] == [1, 2]
+            assert "s1" in log and log.session_ids() == ["s1"]
+            assert log.durable_seq("s1") == log.last_seq("s1") == 2
+            with pytest.raises(SessionExists):
+                await log.create("s1", [born("s1")])
+
+    async def test_appends_continue_the_seq_in_call_order_and_are_durable_on_return(self, tmp_path):
+        async with self.open_log(str(tmp_path / "log")) as log:
+            await log.create("s1", [born("s1")])
+            await log.create("s2", [born("s2")])
+            seen: list[tuple[str, int]] = []
+            log.listeners.append(lambda sid, rec, end: seen.append((sid, rec.seq)))
+            async with trio.open_nursery() as n:
+                for i in range(20):
+                    n.start_soon(log.append_many, "s1" if i % 2 else "s2", [SessionRenamed(title=f"{i}")])
+            assert log.durable_seq("s1") == log.durable_seq("s2") == 11
+            for sid in ("s1", "s2"):
+                assert [s for who, s in seen if who == sid] == list(range(2, 12)), "listeners see seq order"
+                assert [r.seq for r in await log.read(sid)] == list(range(1, 12))
+            assert [r.seq for r in await log.read("s1", after_seq=9)] == [10, 11]
+
+    async def test_append_nowait_returns_at_once_and_becomes_durable(self, tmp_path):
+        async with self.open_log(str(tmp_path / "log")) as log:
+            await log.create("s1", [born("s1")])
+            a = log.append_nowait("s1", MessageProgress(msg_id="m", content_delta="x"))
+            assert a.record.seq == 2 and log.last_seq("s1") == 2
+            await log.wait_durable("s1", 2)
+            assert log.durable_seq("s1") >= 2
+            got = await log.read("s1", after_seq=1)
+            assert [type(r.event) for r in got] == [MessageProgress]
+
+    async def test_a_removed_session_is_unknown(self, tmp_path):
+        async with self.open_log(str(tmp_path / "log")) as log:
+            await log.create("s1", [born("s1")])
+            await log.append_many("s1", [SessionDeleted()])
+            await log.remove("s1")
+            assert "s1" not in log
+            for call in (lambda: log.append_many("s1", [SessionRenamed(title="x")]), lambda: log.read("s1")):
+                with pytest.raises(UnknownSession):
+                    await call()
+            with pytest.raises(UnknownSession):
+                log.append_nowait("s1", SessionRenamed(title="x"))
+            await log.create("s1", [born("s1")])  # the id is free again, from seq 1
+            assert [r.seq for r in await log.read("s1")] == [1]
+
+    async def test_a_failed_sync_is_fatal_and_told_once(self, tmp_path):
+        class Failing(FileOps):
+            armed = False
+
+            def _maybe(self) -> None:
+                if self.armed:
+                    raise OSError(errno.EIO, "injected EIO")
+
+            def fdatasync(self, fd: int) -> None:
+                self._maybe()
+                super().fdatasync(fd)
+
+            def syncfs(self, fd: int) -> None:
+                self._maybe()
+                super().syncfs(fd)
+        fs = Failing()
+        told: list[BaseException] = []
+        with pytest.raises(BaseException):  # the store's block ends with the failure
+            async with self.open_log(str(tmp_path / "log"), fs) as log:
+                log.failure_listeners.append(told.append)
+                await log.create("s1", [born("s1")])
+                fs.armed = True
+                with pytest.raises(StoreBroken):
+                    await log.append_many("s1", [SessionRenamed(title="lost")])
+                assert log.broken is not None
+                with pytest.raises(StoreBroken):
+                    await log.append_many("s1", [SessionRenamed(title="after")])
+                assert len(told) == 1
+                raise RuntimeError("done")  # leave the block (the committer's error joins it)
+
+
+@pytest.mark.parametrize("mode", ["journal", "fdatasync", "syncfs"])
+class TestLocalLog(EventLogContract):
+    """The reference: per-session JSONL logs, in each sync mode."""
+
+    @pytest.fixture(autouse=True)
+    def _mode(self, mode: str) -> None:
+        self.mode = mode
+
+    @asynccontextmanager
+    async def open_log(self, path: str, fs: FileOps | None = None) -> AsyncIterator[EventLog]:
+        extra = {} if fs is None else {"fs": fs}
+        async with open_event_store(path, sync_mode=self.mode, **extra) as store:  # type: ignore[arg-type]
+            yield store
