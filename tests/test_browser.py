@@ -780,9 +780,18 @@ def test_a_double_send_in_a_new_chat_makes_one_chat(serve, browser):
     page.evaluate("document.getElementById('send').click(); document.getElementById('send').click()")
     page.press("#input", "Enter")
     page.wait_for_selector(".msg.assistant")
+    page.dispatch_event("#send", "click", {"detail": 2})  # a double click's second half: not a Stop
     page.wait_for_timeout(500)
     assert page.locator("#sessions li").count() == 1
     assert page.locator(".msg.user").count() == 1
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    # a message too large for the server is refused, and the composer is not left stuck
+    page.evaluate("document.getElementById('input').value = 'x'.repeat(1200000)")
+    page.click("#send")
+    page.wait_for_function("document.getElementById('error').textContent.includes('1048576')", timeout=30_000)
+    page.fill("#input", "a normal one again")
+    page.press("#input", "Enter")
+    page.wait_for_function("document.querySelectorAll('.msg.user').length === 2", timeout=30_000)
     assert not page.errors
 
 
@@ -803,9 +812,9 @@ def test_a_selection_in_the_block_being_written_survives_and_the_text_catches_up
             const r = document.createRange(); r.selectNodeContents(last);
             const s = getSelection(); s.removeAllRanges(); s.addRange(r); }}""")
         chosen = page.evaluate("getSelection().toString()")
-        before = content_of(page, mid)
-        page.wait_for_function(f'window.sessionlog.messages.get("{mid}").content.length > {len(before) + 20}',
-                               timeout=30_000)
+        blocks = page.evaluate(f"document.querySelector('[data-msg=\"{mid}\"] .bubble').childElementCount")
+        page.wait_for_function(f"document.querySelector('[data-msg=\"{mid}\"] .bubble').childElementCount > {blocks}",
+                               timeout=60_000)  # the reply goes on below the held block
         assert page.evaluate("window.__held.isConnected"), "the selected block was replaced"
         assert page.evaluate("getSelection().toString()") == chosen
         page.evaluate("getSelection().removeAllRanges()")
@@ -856,6 +865,13 @@ def test_the_drawer_keeps_focus_and_code_on_a_phone_has_big_targets(serve, brows
     page.wait_for_selector("#sidebar", state="hidden")
     page.keyboard.press("/")
     assert page.evaluate("document.activeElement.id") == "input"
+    page.locator("#act-delete").focus()  # the actions row scrolls: a focused action is on screen
+    box = page.locator("#act-delete").bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 390, box
+    page.click("#menu-btn")
+    page.wait_for_selector("#sidebar", state="visible")
+    page.set_viewport_size({"width": 1280, "height": 800})  # a phone turned into a desktop: no drawer left open
+    page.wait_for_function("!document.body.classList.contains('drawer-open')")
 
 
 def test_replies_go_through_the_sanitizer_and_a_typed_title_is_replaced_only_when_confirmed(serve, browser):

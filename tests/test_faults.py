@@ -91,7 +91,7 @@ async def test_a_failure_in_the_log_is_fatal_and_recovers_cleanly(root, site, du
             for sid in sids:
                 acked[sid] = store.es.durable_seq(sid)
             seen: list[tuple[str, dict]] = []
-            store.watchers.append(lambda kind, data, owner: seen.append((kind, data)))
+            store.watchers.append(lambda kind, data: seen.append((kind, data)))
             await store.es.flush()  # no log write of the acked records still queued (journal mode)
             fs.armed = True
             with pytest.raises(StoreBroken) as caught:

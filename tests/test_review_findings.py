@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import re
 import signal
 
@@ -171,7 +172,7 @@ async def test_a_project_log_failure_while_serving_exits_5(root):
         os.makedirs(os.path.join(root, "projects", "log.jsonl"))  # its name taken: every write fails
         async with open_client("127.0.0.1", port, TOKEN) as c:
             with pytest.raises(ServerError) as e:
-                await c.request("create_project", name="x", path=os.path.dirname(root))
+                await c.request("create_project", name="x", path=tempfile.mkdtemp())
             assert e.value.code == "store_broken"
         p.send_signal(signal.SIGTERM)
         out, err = await trio.to_thread.run_sync(lambda: p.communicate(timeout=30))

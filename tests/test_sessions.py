@@ -118,7 +118,7 @@ async def test_registry_checkpoint_is_debounced_and_flushed_on_shutdown(root, mo
 async def test_update_returns_exactly_the_changed_fields(store):
     meta, _ = await store.create_session(title="old")
     seen = []
-    store.watchers.append(lambda kind, data, owner: seen.append((kind, data)))
+    store.watchers.append(lambda kind, data: seen.append((kind, data)))
     assert await store.update_session(meta.id, title="new", pinned=False, unread=True) == \
         {"title": "new", "unread": True}
     assert [(k, {f: v for f, v in d.items() if f != "rev"}) for k, d in seen] == \
@@ -177,7 +177,7 @@ async def test_archive_keeps_updated_at_and_place_and_messages(store):
 async def test_delete_is_a_tombstone_then_the_folder(store):
     meta, _ = await store.create_session(first_message="bye")
     seen = []
-    store.watchers.append(lambda kind, data, owner: seen.append((kind, data)))
+    store.watchers.append(lambda kind, data: seen.append((kind, data)))
     assert await store.delete_session(meta.id) is True
     assert not os.path.exists(os.path.dirname(log_path(store.root, meta.id)))
     assert meta.id not in store.registry
@@ -396,9 +396,9 @@ async def test_bad_project_calls_change_nothing(store, tmp_path):
         await store.relocate_project(meta.id, p.id, str(spare))
     assert e.value.code == "project_not_missing"
     d.rename(tmp_path / "gone")
-    with pytest.raises(BadRequest, match="refused"):  # missing: one answer for every bad path
+    with pytest.raises(BadRequest, match="does not exist"):  # the single user is told what is wrong
         await store.relocate_project(meta.id, p.id, str(tmp_path / "missing"))
-    with pytest.raises(BadRequest, match="refused"):  # not a directory
+    with pytest.raises(BadRequest, match="not a directory"):
         await store.relocate_project(meta.id, p.id, str(tmp_path / "file"))
     with pytest.raises(Conflict) as e:
         await store.relocate_project(meta.id, p.id, str(other))

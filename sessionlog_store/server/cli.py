@@ -127,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sessionlog_store.server.domain.store import StoreConfig
     from sessionlog_store.server.run import run_server
     return run_server(args, store_config=StoreConfig(
-        project_roots=tuple(os.path.abspath(r) for r in args.project_root), hide_home=args.auth != "token",
+        project_roots=tuple(os.path.abspath(r) for r in args.project_root), many_users=args.auth != "token",
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
         journal_sync_interval=args.journal_sync_interval, progress_interval=args.progress_interval,
         progress_slots=args.progress_slots or None, checkpoint_interval=args.checkpoint_interval,

@@ -96,6 +96,9 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         print(f"sessionlog: error: {e}", file=sys.stderr)
         return EXIT_STARTUP
     single = config.auth.mode == "token"
+    if not single and store_config is not None and not store_config.project_roots:
+        log.warning("--auth %s without --project-root: every user may make a project of any folder under "
+                    "the home directory (docs/SECURITY.md)", config.auth.mode)
     root = os.path.abspath(args.root)
     grace = float(getattr(args, "stop_grace", STOP_GRACE))
     try:

@@ -51,7 +51,7 @@ class ProjectView(msgspec.Struct, frozen=True, kw_only=True):
 
 class ProjectRegistry:
     def __init__(self, fs: FileOps, root: str, home: str, roots: tuple[str, ...] = (),
-                 hide_home: bool = False) -> None:
+                 many_users: bool = False) -> None:
         self.fs = fs
         # Never a project folder, nor anything under it: the data root (other
         # users' sessions live there; a project on one would tell it exists).
@@ -60,8 +60,9 @@ class ProjectRegistry:
         self.home = home
         # Folders a project may lie under (the home directory when none is given).
         self.roots = tuple(os.path.realpath(r) for r in (roots or (home,)))
-        # The default project's path (the server's home) is shown as "" (many users).
-        self.hide_home = hide_home
+        # Many users: the default project's path (the server's home) is shown
+        # as "", and every refused path gets PATH_REFUSED.
+        self.many_users = many_users
         self._projects: dict[str, Project] = {}
         self._seq = 0
         self._lock = trio.Lock()
@@ -117,7 +118,7 @@ class ProjectRegistry:
     def view(self, project_id: str, owner: str | None = None) -> ProjectView:
         """A project with whether its folder is gone (one stat)."""
         p = self.get(project_id, owner)
-        path = "" if p.is_default and self.hide_home else p.path
+        path = "" if p.is_default and self.many_users else p.path
         return ProjectView(id=p.id, name=p.name, path=path, is_default=p.is_default,
                            path_missing=not os.path.isdir(p.path))
 
@@ -155,12 +156,16 @@ class ProjectRegistry:
             self._seq += 1
             self._apply(ev)
 
-    async def create(self, name: str, path: str, owner: str = "") -> Project:
+    async def create(self, name: str, path: str, owner: str = "", check: Callable[[], None] | None = None) -> Project:
         path = self._checked_dir(path)
         pid = "p-" + secrets.token_hex(6)
+
+        def checks() -> None:
+            if check is not None:
+                check()
+            self._check_free(path, owner)
         await self._append(ProjectCreated(project_id=pid, name=name or os.path.basename(path), path=path,
-                                          owner=owner),
-                           check=lambda: self._check_free(path, owner))
+                                          owner=owner), check=checks)
         return self._projects[pid]
 
     def _check_free(self, path: str, owner: str) -> None:
@@ -171,14 +176,23 @@ class ProjectRegistry:
             raise Conflict("path_in_use", "another of your projects already points at that folder")
 
     def _checked_dir(self, path: str) -> str:
-        """The real path of an existing directory under a project root, or
-        BadRequest(PATH_REFUSED), the same whatever is wrong."""
+        """The real path of an existing directory under a project root (not
+        the home, nor in or around the data root), or BadRequest "bad_path":
+        with many users PATH_REFUSED whatever is wrong; for the single user,
+        which thing is."""
+        def refuse(detail: str) -> BadRequest:
+            return BadRequest("bad_path", PATH_REFUSED if self.many_users else f"project path {path!r} {detail}")
         if not isinstance(path, str) or not path or "\x00" in path or not os.path.isabs(path):
-            raise BadRequest("bad_path", PATH_REFUSED)
+            raise refuse("is not an absolute path")
         real = os.path.realpath(path)
-        if not any(_under(real, r) for r in self.roots) or _under(real, self.data_root) \
-                or real == os.path.realpath(self.home) or not os.path.isdir(real):
-            raise BadRequest("bad_path", PATH_REFUSED)
+        if not os.path.exists(real):
+            raise refuse("does not exist")
+        if not os.path.isdir(real):
+            raise refuse("is not a directory")
+        if not any(_under(real, r) for r in self.roots):
+            raise refuse("is not under a project root (--project-root; the home directory by default)")
+        if _under(real, self.data_root) or _under(self.data_root, real) or real == os.path.realpath(self.home):
+            raise refuse("is the home directory, or holds or lies in the data directory")
         return real
 
     def count(self, owner: str) -> int:

@@ -64,17 +64,20 @@ class StoreConfig:
     sync_mode: SyncMode = "journal"       # see eventstore/commit.py and journal.py
     journal_sync_interval: float = 1.0    # logs synced and journal segments removed this often
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
-    # Folders projects may lie under (() : the home directory only), and
-    # whether the default project's path (the home) is kept from clients.
+    # Folders projects may lie under (() : the home directory only).
     project_roots: tuple[str, ...] = ()
-    hide_home: bool = False
+    # Many users share the store (docs/SECURITY.md): the default project's
+    # path (the home) is kept from clients, and a refused project path gets
+    # one answer whatever is wrong with it (no probing of the server's disk).
+    many_users: bool = False
     state_cache: int = 256                # loaded sessions kept in memory besides running ones
     # After startup, check in the background the part of each log that the
     # checkpoint let startup skip (damage there quarantines the session).
     check_after_start: bool = True
 
 
-Watcher = Callable[[str, dict[str, Any], str], None]  # (kind, data, owner of the session)
+Watcher = Callable[[str, dict[str, Any]], None]  # (kind, data)
+ScopedWatcher = Callable[[str, dict[str, Any], str], None]  # (kind, data, owner of the session)
 _FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"})
 
 
@@ -89,12 +92,13 @@ class SessionStore(Replies):
         self.config = config
         self.titler = titler
         self.registry = Registry()
-        self.projects = ProjectRegistry(fs, root, config.home, config.project_roots, config.hide_home)
+        self.projects = ProjectRegistry(fs, root, config.home, config.project_roots, config.many_users)
         self.hub = SubscriptionHub()
         slots = config.progress_slots or (SLOTS if es.journal else 1)
         self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, slots)
         es.failure_listeners.append(self._store_failed)
         self.watchers: list[Watcher] = []
+        self.scoped_watchers: list[ScopedWatcher] = []  # told whose session changed too (the server)
         self.feed = ChangeFeed()
         self._creating: set[str] = set()
         self._row_before: dict[str, SessionMeta] = {}
@@ -137,7 +141,7 @@ class SessionStore(Replies):
             self._row_before[sid] = old_row
         if isinstance(ev, MessageFinalized | MessageCreated | ProjectRelocated):
             self.caches.session_changed(sid)
-            if not isinstance(ev, MessageFinalized) and state is not None and self.watchers:
+            if not isinstance(ev, MessageFinalized) and state is not None and (self.watchers or self.scoped_watchers):
                 node = state.messages.get(ev.msg_id if isinstance(ev, MessageCreated) else ev.node_id)
                 if node is not None:
                     self._notify("message_created", {"session_id": sid, "message": node,
@@ -203,7 +207,9 @@ class SessionStore(Replies):
         if kind in _FEED_KINDS:
             self.feed.add(kind, data, owner)
         for w in list(self.watchers):
-            w(kind, data, owner)
+            w(kind, data)
+        for sw in list(self.scoped_watchers):
+            sw(kind, data, owner)
 
     def changes_since(self, position: str, owner: str | None = None) -> list[tuple[str, dict[str, Any]]] | None:
         """The registry changes (push kind, data) after `position` (of `owner`'s
@@ -490,8 +496,11 @@ class SessionStore(Replies):
         """The default project and `owner`'s (everyone's when None)."""
         return self.projects.list(owner)
 
-    async def create_project(self, name: str, path: str, owner: str = "") -> ProjectView:
-        p = await self.projects.create(name, path, owner)
+    async def create_project(self, name: str, path: str, owner: str = "",
+                             check: Callable[[], None] | None = None) -> ProjectView:
+        """A project of `owner`; `check` runs under the project log's lock
+        just before the write (a per-user cap that two requests must not pass together)."""
+        p = await self.projects.create(name, path, owner, check)
         view = self._project_view(p.id)
         assert view is not None
         return view

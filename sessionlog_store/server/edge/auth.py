@@ -196,6 +196,7 @@ class Jwt:
             raise ValueError(f"--jwt-leeway must be between 0 and {MAX_LEEWAY:g} seconds")
         self.cfg = cfg
         self._keys: dict[str | None, Any] = {}
+        self._kids: set[str] = set()
         self.reload_or_raise()
 
     def reload_or_raise(self) -> None:
@@ -209,6 +210,7 @@ class Jwt:
         except (self.jwt.PyJWKSetError, self.jwt.InvalidKeyError, ValueError) as e:
             raise ValueError(f"--jwt-jwks {self.cfg.jwks_file}: {e}") from None
         self._keys = {k.key_id: k for k in keyset.keys}
+        self._kids = {str(k) for k in self._keys}
 
     def reload(self) -> None:
         try:
@@ -223,7 +225,9 @@ class Jwt:
         return _query_token(req)
 
     def still_valid(self, cred: Credential) -> bool:
-        return True  # until it expires (the connection ends itself then)
+        """Until it expires (the connection ends itself then), or its key is
+        taken out of the JWKS file (checked at the reload)."""
+        return self.cfg.jwks_file is None or cred.digest.decode("utf-8", "replace") in self._kids
 
     def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
         jwt, cfg = self.jwt, self.cfg
@@ -238,6 +242,7 @@ class Jwt:
                 if found is None:
                     return None
                 key, algorithms = found.key, [found.algorithm_name]
+                kid = found.key_id
             claims = jwt.decode(token, key, algorithms=algorithms, audience=cfg.audience, issuer=cfg.issuer,
                                 leeway=cfg.leeway, options={"require": ["exp", cfg.user_claim]})
             # (a token that names an audience is refused when none is configured: PyJWT's default)
@@ -246,7 +251,8 @@ class Jwt:
         user, exp = claims.get(cfg.user_claim), claims.get("exp")
         if not (isinstance(user, str) and _USER.fullmatch(user)) or not isinstance(exp, int | float):
             return None
-        return Credential(user=user, expires=float(exp) + cfg.leeway)
+        kid_text = "" if cfg.secret is not None else str(kid)
+        return Credential(user=user, expires=float(exp) + cfg.leeway, digest=kid_text.encode())
 
 
 @dataclass

@@ -35,6 +35,8 @@ SEND_QUEUE: Final = 512
 SEND_TIMEOUT: Final = 5.0
 # Subscriptions one connection may hold (a page subscribes to running messages only).
 MAX_SUBSCRIPTIONS: Final = 1000
+# A frame refused for the rate is read for its request_id only up to this size.
+PEEK_BYTES: Final = 64 * 1024
 
 
 def _error_of(e: BaseException) -> tuple[str, str]:
@@ -195,22 +197,25 @@ class Connection:
         cred = self.principal.credential
         if cred is not None and cred.expires is not None:
             self.nursery.start_soon(self._expire, cred.expires)
+        quotas, user = self.server.quotas, self.principal.user
         while True:
+            pause = quotas.read_pause(user, trio.current_time())
+            if pause:  # the user is over its rate: none of its connections is read until it may be
+                await trio.sleep(pause)
             try:
                 frame = await self.ws.get_message()
             except ConnectionClosed:
                 return
             action: str | None = None
             rid: p.RequestId = None
-            size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
-            refused, wait = self.server.quotas.frame_wait(self.principal.user, size, trio.current_time())
+            n = len(frame)  # a str's UTF-8 is at most 4 bytes a character: encode only what may be over
+            size = n if isinstance(frame, bytes) or 4 * n <= quotas.limits.frame_bytes \
+                else len(frame.encode("utf-8", "surrogatepass"))
+            refused, _ = quotas.frame_wait(user, size, trio.current_time())
             if refused is not None:  # not handled: a refused frame costs us next to nothing
-                # (its head is read to answer it, but at most once per `wait`; a
-                # frame too large is not read at all)
-                action, rid = p.peek(frame) if refused.code == "rate_limited" else (None, None)
+                # (a small one's head is read to answer it by its request_id)
+                action, rid = p.peek(frame) if refused.code == "rate_limited" and size <= PEEK_BYTES else (None, None)
                 self.send_nowait(p.encode_error(refused.code, refused.message, action, rid))
-                if wait:
-                    await trio.sleep(wait)  # read no more of this user's frames until its rate allows
                 continue
             try:
                 req = p.decode_action(frame)
@@ -355,10 +360,12 @@ class Connection:
                 changed = await store.set_session_project(sid, pid)
                 self.reply("ok", {"action": "set_session_project", "changed": changed}, rid)
             case p.ListProjects():
+                self._audit_all("list_projects")
                 self.send_nowait(self.projects_frame(rid))
             case p.CreateProject(name=name, path=path):
-                self.server.quotas.check_projects(user, store.projects.count(user))
-                view = await store.create_project(name, path, owner=user)
+                quotas = self.server.quotas
+                view = await store.create_project(  # the cap checked under the project log's lock
+                    name, path, owner=user, check=lambda: quotas.check_projects(user, store.projects.count(user)))
                 self.reply("project_created", {"project": p.to_wire(view)}, rid)
                 self.server.push_projects(user)
             case p.RelocateProject(session_id=sid, project_id=pid, path=path):

@@ -66,6 +66,8 @@ class Quotas:
         self.creating: Counter[str] = Counter()  # sessions being created per user
         # Kept after a user's last connection closes: reconnecting gives no fresh burst.
         self._buckets: dict[str, Bucket] = {}
+        # When a user over its rate may be read again, by all its connections.
+        self._resume_at: dict[str, float] = {}
         self._connections: Counter[str] = Counter()
 
     def refuse(self, code: str, message: str) -> ServiceError:
@@ -75,14 +77,13 @@ class Quotas:
     # -- connections and frames ----------------------------------------------
 
     def may_connect(self, user: str) -> bool:
+        """Count a connection of `user` (disconnected() gives it back), or refuse it."""
         lim = self.limits.connections
         if lim and self._connections[user] >= lim:
             self.refused["limit_connections"] += 1
             return False
-        return True
-
-    def connected(self, user: str) -> None:
         self._connections[user] += 1
+        return True
 
     def disconnected(self, user: str) -> None:
         self._connections[user] -= 1
@@ -100,11 +101,22 @@ class Quotas:
                 bucket = self._buckets[user] = Bucket(lim.frames_per_second, lim.burst, now)
             wait = bucket.take(now)
             if wait:
+                self._resume_at[user] = now + wait
                 return self.refuse("rate_limited", f"more than {lim.frames_per_second:g} frames a second; "
                                    "this one was not handled, slow down"), wait
         if size > lim.frame_bytes:
             return self.refuse("frame_too_large", f"a frame may have at most {lim.frame_bytes} bytes"), wait
         return None, 0.0
+
+    def read_pause(self, user: str, now: float) -> float:
+        """How long any connection of `user` waits before reading its next frame."""
+        at = self._resume_at.get(user)
+        if at is None:
+            return 0.0
+        if at <= now:
+            del self._resume_at[user]
+            return 0.0
+        return at - now
 
     # -- sessions and replies ------------------------------------------------
 

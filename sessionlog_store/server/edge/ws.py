@@ -105,7 +105,7 @@ class Server:
         self.dropped = 0  # connections dropped for not taking their frames
         self._shared: tuple[MsgUpdate | None, str] = (None, "")
         self._agents: trio.Nursery | None = None
-        store.watchers.append(self._on_store_change)
+        store.scoped_watchers.append(self._on_store_change)
         self.metrics = ServerMetrics(self)
 
     # -- security --------------------------------------------------------------
@@ -214,18 +214,21 @@ class Server:
                     log.warning("refused a WebSocket handshake: %s", who, extra={"remote": remote})
                     await ex.reply(403, f"{who}\n".encode())
                     return
-                if not self.quotas.may_connect(who.user):
-                    await ex.reply(429, b"too many connections for this user\n")
-                    return
                 bad = ex.upgrade_problem()
                 if bad is not None:
                     status, text = bad
                     await ex.reply(status, f"{text}\n".encode(),
                                    headers={"Sec-WebSocket-Version": "13"} if status == 426 else None)
                     return
-                log.info("WebSocket handshake accepted%s", f" for {who.user!r}" if who.user else "",
-                         extra={"remote": remote})
-                await self._websocket(ex, remote, who)
+                if not self.quotas.may_connect(who.user):  # checks and counts at once: no race to pass it
+                    await ex.reply(429, b"too many connections for this user\n")
+                    return
+                try:
+                    log.info("WebSocket handshake accepted%s", f" for {who.user!r}" if who.user else "",
+                             extra={"remote": remote})
+                    await self._websocket(ex, remote, who)
+                finally:
+                    self.quotas.disconnected(who.user)
             elif req.method in ("GET", "HEAD"):
                 await self._static(ex, req)
             else:
@@ -295,17 +298,20 @@ class Server:
 
     async def _websocket(self, ex: Exchange, remote: str, principal: Principal) -> None:
         async with trio.open_nursery() as nursery:
-            request = await ex.upgrade(nursery, max_message_size=p.WS_HARD_LIMIT)
+            # a frame over 4x the user's limit closes the connection (1009) unread
+            limit = min(p.WS_HARD_LIMIT, 4 * self.quotas.limits.frame_bytes)
+            request = await ex.upgrade(nursery, max_message_size=limit)
             ws = await request.accept()
             conn = Connection(self, ws, nursery, principal)
             conn.remote = remote
             self.connections.add(conn)
-            self.quotas.connected(principal.user)
+            cred = principal.credential
+            if cred is not None and not self.auth.still_valid(cred):  # revoked while we shook hands
+                conn.end(1008, "credentials revoked")
             try:
                 await conn.run()
             finally:
                 self.connections.discard(conn)
-                self.quotas.disconnected(principal.user)
                 conn.close_subscriptions()
                 nursery.cancel_scope.cancel()
 
@@ -319,9 +325,10 @@ class Server:
     # -- broadcasts ------------------------------------------------------------
 
     def broadcast(self, frame: str, owner: str) -> None:
-        """A push about something of `owner`'s: to its connections and admins'."""
+        """A push about something of `owner`'s: to its connections only (an
+        admin reads others' sessions by asking, and each ask is logged)."""
         for conn in list(self.connections):
-            if conn.principal.user == owner or conn.principal.admin:
+            if conn.principal.user == owner:
                 conn.send_nowait(frame)
 
     def _on_store_change(self, kind: str, data: dict[str, Any], owner: str) -> None:
@@ -343,9 +350,9 @@ class Server:
                 conn.send_nowait(frame)
 
     def push_projects(self, owner: str) -> None:
-        """Each connection of `owner` (and each admin's) gets its projects list."""
+        """Each connection of `owner` gets its projects list."""
         for conn in list(self.connections):
-            if conn.principal.user == owner or conn.principal.admin:
+            if conn.principal.user == owner:
                 conn.send_nowait(conn.projects_frame())
 
     # -- agents ----------------------------------------------------------------

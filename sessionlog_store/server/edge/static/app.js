@@ -8,7 +8,19 @@
 // built once per message and only its changed parts are touched.
 "use strict";
 
-let TOKEN = new URLSearchParams(location.search).get("token") || "";
+// The token comes in the URL once, then lives in this tab's sessionStorage:
+// the address bar (history, bookmarks, screenshots) does not keep it.
+const TOKEN_KEY = "sessionlog-token";
+let TOKEN = (() => {
+  const q = new URLSearchParams(location.search);
+  const given = q.get("token");
+  if (given === null) return sessionStorage.getItem(TOKEN_KEY) || "";
+  sessionStorage.setItem(TOKEN_KEY, given);
+  q.delete("token");
+  const rest = q.toString();
+  history.replaceState(null, "", `${location.pathname}${rest ? "?" + rest : ""}${location.hash}`);
+  return given;
+})();
 const BRANDS = { wechat: "WeChat", discord: "Discord", slack: "Slack", telegram: "Telegram", whatsapp: "WhatsApp" };
 const $ = (id) => document.getElementById(id);
 const EMPTY_CHAT = "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost.";
@@ -62,23 +74,25 @@ function renderMarkdownInto(box, text) {
   const old = [...box.childNodes];
   const sel = window.getSelection();
   const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
-  if (old.slice(Math.min(fresh.length, old.length) - 1).some(held)) { box._pending = text; heldBoxes.add(box); return; }
   box._pending = null;
   fresh.forEach((n, i) => {
     const html = n.outerHTML ?? n.textContent;
     if (i < old.length && old[i]._html === html) return;
+    if (i < old.length && held(old[i])) { box._pending = text; heldBoxes.add(box); return; }  // later
     n._html = html;
     if (n.tagName === "PRE") addCopyButton(n);
     if (i < old.length) old[i].replaceWith(n); else box.append(n);
   });
-  for (const n of old.slice(fresh.length)) n.remove();
+  for (const n of old.slice(fresh.length)) {
+    if (held(n)) { box._pending = text; heldBoxes.add(box); } else n.remove();
+  }
 }
 
 const heldBoxes = new Set();
 document.addEventListener("selectionchange", () => {
   for (const box of [...heldBoxes]) {
     heldBoxes.delete(box);
-    if (box._pending != null && box.isConnected) renderMarkdownInto(box, box._pending);
+    if (box._pending != null && box.isConnected) keepBottom(() => renderMarkdownInto(box, box._pending));
   }
 });
 
@@ -103,13 +117,17 @@ function connect() {
   const ws = new WebSocket(url.href);
   let opened = false;
   state.ws = ws;
+  state.lose = () => lose();
   ws.onopen = () => {
+    state.lastFrameAt = Date.now();
     opened = true; state.everOpened = true; state.failedOpens = 0;
     state.online = true; state.backoff = 250; $("token-box").hidden = true; showConn(); rejoinAll();
   };
-  ws.onmessage = (ev) => onFrame(JSON.parse(ev.data));
-  ws.onclose = () => {
+  ws.onmessage = (ev) => { state.lastFrameAt = Date.now(); onFrame(JSON.parse(ev.data)); };
+  const lose = ws.onclose = () => {
     if (state.ws !== ws) return;
+    state.ws = null; state.lose = null;
+    try { ws.close(); } catch { /* closing already */ }
     state.online = false; showConn();
     for (const [, p] of state.waiting) p.reject(new Error("connection lost"));
     state.waiting.clear();
@@ -124,14 +142,18 @@ function connect() {
 // A connection that died without a close (a laptop asleep, a network gone)
 // is noticed by the browser late: ask every HEARTBEAT ms, and treat no answer
 // within as long as a lost connection.
+// Any frame counts as a sign of life (a long request's answer too): a ping
+// goes out only after HEARTBEAT ms of silence, and 2 * HEARTBEAT of silence
+// is a lost connection, dropped at once (close() alone waits for the closing
+// handshake to time out, over a minute with the network gone).
 const HEARTBEAT = 15000;
 setInterval(() => {
   if (!state.online) return;
-  const ws = state.ws;
-  const timer = setTimeout(() => { if (state.ws === ws) ws.close(); }, HEARTBEAT);
-  request("list_running").then(() => clearTimeout(timer), () => clearTimeout(timer));
-}, HEARTBEAT);
-window.addEventListener("offline", () => { try { state.ws?.close(); } catch { /* closed */ } });
+  const quiet = Date.now() - state.lastFrameAt;
+  if (quiet > 2 * HEARTBEAT) state.lose?.();
+  else if (quiet > HEARTBEAT) request("list_running").catch(() => { /* lost: handled by lose() */ });
+}, HEARTBEAT / 3);
+window.addEventListener("offline", () => state.lose?.());
 
 // A socket that never opens while the page's server answers: the handshake
 // is refused (a new token after a restart, most likely). Say what to do.
@@ -142,19 +164,32 @@ async function checkRefused() {
   } catch { /* the server is down: keep reconnecting */ }
 }
 
+// A request always settles: with its answer, an error, a lost connection,
+// or after REQUEST_TIMEOUT ms.
+const REQUEST_TIMEOUT = 60000;
 function request(action, fields = {}) {
   return new Promise((resolve, reject) => {
     if (!state.online) { reject(new Error("offline: reconnecting…")); return; }
     const id = state.nextId++;
-    state.waiting.set(id, { resolve, reject });
+    const timer = setTimeout(() => {
+      if (state.waiting.delete(id)) reject(new Error("no answer from the server"));
+    }, REQUEST_TIMEOUT);
+    const done = (f) => (v) => { clearTimeout(timer); f(v); };
+    state.waiting.set(id, { resolve: done(resolve), reject: done(reject) });
     state.ws.send(JSON.stringify({ action, request_id: id, ...fields }));
   });
 }
 
 function onFrame(f) {
-  const waiter = f.request_id !== undefined ? state.waiting.get(f.request_id) : undefined;
+  let rid = f.request_id;
+  if (f.type === "error" && rid === undefined && state.waiting.size) {
+    // The server could not read the frame (too large): it answers frames in
+    // order, so the error is the oldest waiting request's.
+    rid = state.waiting.keys().next().value;
+  }
+  const waiter = rid !== undefined ? state.waiting.get(rid) : undefined;
   if (waiter) {
-    state.waiting.delete(f.request_id);
+    state.waiting.delete(rid);
     if (f.type === "error") waiter.reject(Object.assign(new Error(f.data.message), { code: f.data.code }));
     else waiter.resolve(f.data);
     return;
@@ -294,7 +329,7 @@ function patch(u) {
   if (u.error) m.error = u.error;
   if (!isOpen(m)) state.subscribed.delete(m.msg_id);
   announce(m);
-  if (wasOpen && !isOpen(m)) { drawNode(m); renderComposer(); return; }  // the end: at once
+  if (wasOpen && !isOpen(m)) { keepBottom(() => drawNode(m)); renderComposer(); return; }  // the end: at once
   state.dirty.add(m.msg_id);
   scheduleDraw();
 }
@@ -613,7 +648,11 @@ async function switchBranch(msgId) {
 }
 
 async function send(text) {
-  if (runningReply()) { act("stop", { msg_id: runningReply().msg_id }); return; }
+  if (runningReply()) {
+    // the second click of a double click on Send is not a Stop
+    if (state.sendClicks < 2) act("stop", { msg_id: runningReply().msg_id });
+    return;
+  }
   if (!text.trim() || state.sending) return;  // one message at a time: a double Enter makes no second chat
   state.sending = true; renderComposer();
   try {
@@ -654,7 +693,10 @@ function closeRename() {
   $("title-input").hidden = true; $("title").hidden = false; state.renameFor = null;
 }
 
-$("send-form").addEventListener("submit", (ev) => { ev.preventDefault(); send($("input").value); });
+$("send-form").addEventListener("submit", (ev) => {
+  ev.preventDefault(); send($("input").value); state.sendClicks = 0;
+});
+$("send").addEventListener("click", (ev) => { state.sendClicks = ev.detail; });  // 2: a double click's second
 $("input").addEventListener("keydown", (ev) => {
   if (ev.isComposing || ev.keyCode === 229) return;  // an IME is composing: Enter picks a candidate
   if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); if (!runningReply() && !state.sending) send($("input").value); }
@@ -677,6 +719,9 @@ $("running-btn").addEventListener("click", () => {
 });
 $("menu-btn").addEventListener("click", () => (document.body.classList.contains("drawer-open") ? closeDrawer() : openDrawer()));
 $("scrim").addEventListener("click", closeDrawer);
+matchMedia("(max-width: 720px)").addEventListener("change", (e) => { if (!e.matches) closeDrawer(); });
+// The phone's actions row scrolls: a focused action is scrolled into view.
+$("actions").addEventListener("focusin", (ev) => ev.target.scrollIntoView?.({ block: "nearest", inline: "nearest" }));
 $("help-btn").addEventListener("click", () => $("help").showModal());
 $("act-rename").addEventListener("click", () => {
   const input = $("title-input");
@@ -733,9 +778,7 @@ $("locate-input").addEventListener("keydown", async (ev) => {
 $("token-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   TOKEN = $("token-input").value.trim();
-  const q = new URLSearchParams(location.search);
-  q.set("token", TOKEN);
-  history.replaceState(null, "", `${location.pathname}?${q}${location.hash}`);
+  sessionStorage.setItem(TOKEN_KEY, TOKEN);
   state.failedOpens = 0; state.backoff = 250;
   $("token-box").hidden = true;
   try { state.ws?.close(); } catch { /* closed */ }
@@ -743,14 +786,16 @@ $("token-form").addEventListener("submit", (ev) => {
 document.addEventListener("keydown", (ev) => {
   if (ev.key === "Tab" && document.body.classList.contains("drawer-open")) {  // focus stays in the open drawer
     const items = [$("menu-btn"), ...$("sidebar").querySelectorAll("button, input, select, [tabindex='0']")]
-      .filter((n) => !n.disabled && n.offsetParent !== null);
+      .filter((n) => !n.disabled && n.offsetParent !== null && n.getAttribute("tabindex") !== "-1");
     const i = items.indexOf(document.activeElement);
     const next = items[(i + (ev.shiftKey ? items.length - 1 : 1) + items.length) % items.length];
     if (next) { ev.preventDefault(); next.focus(); }
     return;
   }
   const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement?.tagName || "");
-  if (ev.key === "/" && !typing && !ev.ctrlKey && !ev.metaKey && !ev.altKey) { ev.preventDefault(); $("input").focus(); return; }
+  if (ev.key === "/" && !typing && !ev.ctrlKey && !ev.metaKey && !ev.altKey) {
+    ev.preventDefault(); closeDrawer(); $("input").focus(); return;
+  }
   if (ev.ctrlKey && ev.shiftKey && (ev.key === "O" || ev.key === "o")) { ev.preventDefault(); newChat(); return; }
   if (ev.ctrlKey && ev.key === "/") { ev.preventDefault(); $("help").showModal(); return; }
   if (ev.key === "Escape" && ev.shiftKey) { ev.preventDefault(); $("input").focus(); return; }
