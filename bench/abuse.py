@@ -10,6 +10,8 @@ abuser process (one user, several connections) sends frames as fast as its
 sockets take them and reads what comes back. Three phases, in one run:
 
   quiet      the users alone
+  cpu hog    the users and a process that only spins (what the abuser's own
+             CPU costs the users on this 2-core machine, server or not)
   limited    the users and the abuser, with the default per-user limits
   unlimited  the same with --limit-rate 0 (the baseline the limit is for)
 
@@ -130,18 +132,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def phase(name: str, extra: list[str], abuse: bool, seconds: float, work: str) -> dict[str, object]:
+def phase(name: str, extra: list[str], abuse: str | None, seconds: float, work: str) -> dict[str, object]:
     port = free_port()
     server = start_server(os.path.join(work, name), port, extra)
     try:
-        outs = {r: os.path.join(work, f"{name}-{r}.json") for r in ("users", "abuser")}
-        roles = ["users", *(["abuser"] if abuse else [])]
+        outs = {r: os.path.join(work, f"{name}-{r}.json") for r in ("users", "abuser", "hog")}
+        roles = ["users", *([abuse] if abuse else [])]
         procs = [subprocess.Popen([sys.executable, "-m", "bench", "abuse", "--role", r, "--port", str(port),
                                    "--seconds", str(seconds), "--out", outs[r]]) for r in roles]
         for p in procs:
             p.wait(seconds + 60)
         users = json.load(open(outs["users"]))
-        abuser = json.load(open(outs["abuser"])) if abuse else {}
+        abuser = json.load(open(outs[abuse])) if abuse else {}
     finally:
         server.terminate()
         server.wait(30)
@@ -154,7 +156,7 @@ def phase(name: str, extra: list[str], abuse: bool, seconds: float, work: str) -
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench abuse")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--role", choices=("users", "abuser"))
+    ap.add_argument("--role", choices=("users", "abuser", "hog"))
     ap.add_argument("--port", type=int)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--out")
@@ -165,15 +167,26 @@ def main(argv: list[str]) -> int:
     if args.role == "abuser":
         trio.run(abuser_role, args.port, args.seconds, args.out)
         return 0
+    if args.role == "hog":
+        end = time.monotonic() + args.seconds
+        while time.monotonic() < end:
+            pass
+        with open(args.out, "w") as f:
+            json.dump({}, f)
+        return 0
     seconds = 4.0 if args.quick else args.seconds
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as work:
-        rows = [phase("quiet", [], False, seconds, work),
-                phase("limited", [], True, seconds, work),
-                phase("unlimited", ["--limit-rate", "0"], True, seconds, work)]
+        rows = [phase("quiet", [], None, seconds, work),
+                phase("cpu hog", [], "hog", seconds, work),
+                phase("limited", [], "abuser", seconds, work),
+                phase("unlimited", ["--limit-rate", "0"], "abuser", seconds, work)]
     print(table(f"{USERS} users streaming and pinging, one abuser on 4 connections ({seconds:g} s a phase)", rows))
-    quiet, limited, unlimited = rows
+    quiet, hog, limited, unlimited = rows
     print(verdict("rtt p99 with a limited abuser / quiet (target <= 1.5: unchanged within noise)",
                   float(limited["rtt p99 ms"]) / max(1e-9, float(quiet["rtt p99 ms"])), 1.5,  # type: ignore[arg-type]
+                  higher_is_better=False))
+    print(verdict("rtt p99 with a limited abuser / with a process that only spins (target <= 1.2)",
+                  float(limited["rtt p99 ms"]) / max(1e-9, float(hog["rtt p99 ms"])), 1.2,  # type: ignore[arg-type]
                   higher_is_better=False))
     print(verdict("push gap p99 with a limited abuser / quiet (target <= 1.5)",
                   float(limited["push gap p99 ms"]) / max(1e-9, float(quiet["push gap p99 ms"])), 1.5,  # type: ignore[arg-type]
