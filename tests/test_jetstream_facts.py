@@ -1,0 +1,117 @@
+"""What a JetStream backend (issue 17) will rest on, checked against a real
+3-node cluster (tests/nats_cluster.py): every node fsyncs before it acks;
+`Nats-Expected-Last-Subject-Sequence` lets one of two writers of a session
+win and tells the other; a repeated `Nats-Msg-Id` is stored once; killing
+the stream leader loses no acknowledged record and a retry with the same id
+is not stored twice. nats-py is asyncio-only: these tests run it with
+asyncio.run (the backend will give it a thread and a loop of its own)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from .nats_cluster import NatsCluster
+
+nats = pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+
+# JetStream's error codes for a failed expected-last-*-sequence check
+# (JSStreamWrongLastSequenceErrF, and JSStreamWrongLastSequenceConstantErrF that 2.11+ answers)
+WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = NatsCluster(tmp_path)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def _stream(cluster: NatsCluster):  # type: ignore[no-untyped-def]
+    nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    js = nc.jetstream(timeout=5)
+    deadline = time.monotonic() + 30
+    while True:  # the meta leader is elected a moment after the nodes start
+        try:
+            await js.add_stream(name="SL", subjects=["sl.>"], num_replicas=3)
+            return nc, js
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def test_every_node_syncs_before_it_acks(cluster):
+    assert all(cluster.sync_always(i) for i in range(3))
+
+
+def test_one_of_two_writers_of_a_session_wins_and_the_other_is_told(cluster):
+    async def main() -> None:
+        nc, js = await _stream(cluster)
+        first = await js.publish("sl.s1", b"1", headers={"Nats-Expected-Last-Subject-Sequence": "0"})
+        await js.publish("sl.s2", b"other session")  # another subject: s1's check is its own
+        results = await asyncio.gather(*(js.publish("sl.s1", f"2-{w}".encode(),
+                                                    headers={"Nats-Expected-Last-Subject-Sequence": str(first.seq)})
+                                          for w in ("a", "b")), return_exceptions=True)
+        won = [r for r in results if not isinstance(r, BaseException)]
+        lost = [r for r in results if isinstance(r, BaseException)]
+        assert len(won) == 1 and len(lost) == 1, results
+        assert getattr(lost[0], "err_code", None) in WRONG_LAST_SEQUENCE, (lost[0], getattr(lost[0], "description", ""))
+        last = await js.get_last_msg("SL", "sl.s1")
+        assert last.seq == won[0].seq
+        print(f"the loser was told: {getattr(lost[0], 'description', lost[0])}")
+        await nc.close()
+    asyncio.run(main())
+
+
+def test_a_repeated_msg_id_is_stored_once(cluster):
+    async def main() -> None:
+        nc, js = await _stream(cluster)
+        a = await js.publish("sl.s1", b"x", headers={"Nats-Msg-Id": "s1:1"})
+        b = await js.publish("sl.s1", b"x", headers={"Nats-Msg-Id": "s1:1"})
+        assert not a.duplicate and b.duplicate and a.seq == b.seq
+        assert (await js.stream_info("SL")).state.messages == 1
+        await nc.close()
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_killing_the_stream_leader_loses_no_acked_record(cluster):
+    async def main() -> tuple[int, float]:
+        nc, js = await _stream(cluster)
+        leader = (await js.stream_info("SL")).cluster.leader
+        acked: set[str] = set()
+        stalls: list[float] = []
+
+        async def writer(w: int) -> None:
+            for i in range(40):
+                mid = f"w{w}:{i}"
+                t0 = time.monotonic()
+                while True:  # retried with the same id until acked: stored once whatever happened
+                    try:
+                        await js.publish(f"sl.w{w}", mid.encode(), headers={"Nats-Msg-Id": mid}, timeout=2)
+                        break
+                    except Exception:
+                        if time.monotonic() - t0 > 60:
+                            raise
+                        await asyncio.sleep(0.1)
+                stalls.append(time.monotonic() - t0)
+                acked.add(mid)
+
+        async def killer() -> None:
+            while len(acked) < 100:
+                await asyncio.sleep(0.01)
+            cluster.kill(int(str(leader).removeprefix("n")))
+        await asyncio.gather(*(writer(w) for w in range(10)), killer())
+        info = await js.stream_info("SL")
+        assert info.state.messages == len(acked) == 400, (info.state.messages, len(acked))
+        assert info.cluster.leader != leader
+        await nc.close()
+        return len(acked), max(stalls)
+    n, stall = asyncio.run(main())
+    print(f"{n} records acked across a leader kill; the longest write waited {stall:.1f} s")
