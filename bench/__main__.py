@@ -7,13 +7,14 @@
   fanout     WebSocket push latency to many subscribers, with a stalled client
   memory     RSS of a server holding a registry of 100,000 sessions
   abuse      one user flooding frames vs other users' round trips and pushes
+  auth       refused handshakes take the same time whatever was wrong
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth")
 
 
 def main() -> int:
