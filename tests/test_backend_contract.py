@@ -119,3 +119,72 @@ class TestLocalLog(EventLogContract):
         extra = {} if fs is None else {"fs": fs}
         async with open_event_store(path, sync_mode=self.mode, **extra) as store:  # type: ignore[arg-type]
             yield store
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+    from .nats_cluster import NatsCluster
+    c = NatsCluster(tmp_path_factory.mktemp("nats"))
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+class TestJetStreamLog(EventLogContract):
+    """The same contract on a real 3-node JetStream cluster (R3 streams): each
+    test gets a stream of its own."""
+
+    @pytest.fixture(autouse=True)
+    def _cluster(self, request: pytest.FixtureRequest) -> None:
+        if request.node.name.startswith("test_a_failed_sync"):
+            return  # makes and breaks a cluster of its own
+        self.cluster = request.getfixturevalue("nats_cluster")
+        name = request.node.name.replace("test_", "")[:40].replace("_", "-")
+        self.stream, self.prefix = "T" + name, "t." + name
+
+    @asynccontextmanager
+    async def open_log(self, path: str, fs: FileOps | None = None) -> AsyncIterator[EventLog]:
+        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        async with open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, replicas=3,
+                                      timeout=3) as log:
+            yield log
+
+    async def test_a_failed_sync_is_fatal_and_told_once(self, tmp_path):
+        """Here a write fails when no node answers (every node killed)."""
+        pytest.importorskip("nats")
+        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+
+        from .nats_cluster import NatsCluster
+        cluster = NatsCluster(tmp_path)
+        cluster.start()
+        told: list[BaseException] = []
+        try:
+            async with open_jetstream_log(cluster.urls, stream="BROKEN", timeout=2) as log:
+                log.failure_listeners.append(told.append)
+                await log.create("s1", [born("s1")])
+                cluster.stop()
+                with trio.fail_after(30):
+                    with pytest.raises(StoreBroken):
+                        await log.append_many("s1", [SessionRenamed(title="lost")])
+                assert log.broken is not None
+                with pytest.raises(StoreBroken):
+                    await log.append_many("s1", [SessionRenamed(title="after")])
+                assert len(told) == 1
+        finally:
+            cluster.stop()
+
+    async def test_a_second_writer_of_a_session_is_refused_not_interleaved(self, tmp_path):
+        """Two workers (two logs on one stream) write one session: the one
+        that did not make it gets StoreBroken, and the stream holds one
+        writer's records in order, with no gap."""
+        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        async with open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, timeout=3) as a, \
+                open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, timeout=3) as b:
+            await a.create("s1", [born("s1")])
+            with pytest.raises(SessionExists):
+                await b.create("s1", [born("s1")])  # b finds the subject in use
+            await a.append_many("s1", [SessionRenamed(title="a2")])
+            assert [r.seq for r in await a.read("s1")] == [1, 2]

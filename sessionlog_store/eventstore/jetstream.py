@@ -1,0 +1,340 @@
+"""An event log on NATS JetStream (issue 17, under way): the contract of
+backend.py, kept by a replicated stream instead of files. Not yet a
+`sessionlog serve --backend`: the session store's startup, caches and
+readers still read the local files (what is left is listed in
+docs/DESIGN-NOTES.md).
+
+Theory of operation
+-------------------
+One stream holds every session, one subject a session (`<prefix>.<id>`).
+Appends run on the trio thread as in commit.py: each record gets the
+session's next seq, is encoded to its exact log line and goes into the
+filling batch; the listeners see it at once. The committer takes the batch
+and makes it durable in one crossing into nats-py's asyncio loop (a thread
+of its own; nats-py is asyncio-only): per session, one message holding its
+new lines, all sessions' messages published at once (pipelined). Each
+message carries
+- `Nats-Msg-Id` `<id>:<incarnation>:<first seq>-<last seq>`: a retry is
+  stored once, a session made again under a deleted id is not a retry;
+- `Nats-Expected-Last-Subject-Sequence`: the stream sequence of the
+  session's last message, so that a second writer of the session (another
+  worker) is refused rather than interleaved (JetStream compares the
+  subject's last *stream* sequence: there is no per-subject counter, so the
+  records carry their own seq and the stream sequence is only the fence).
+A batch is acknowledged when every message is (the servers fsync before
+they ack: `sync_interval: always`, checked by the operator's setup). A
+refused or failed publish is fatal, as a failed sync is for the files.
+Reading a session walks its subject with direct gets; removing one purges
+its subject (after its tombstone record was appended and acknowledged).
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import trio
+
+from .backend import RecordListener
+from .commit import Appended
+from .errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, UnknownSession
+from .events import Event
+from .ids import validate_session_id
+from .log import scan
+from .record import Record, encode_record
+
+T = TypeVar("T")
+
+
+class AsyncioThread:
+    """An asyncio loop in a thread of its own; trio awaits coroutines on it,
+    one crossing each (the thread is joined when its `open_` block exits)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sessionlog-nats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def run(self, make: Callable[[], Awaitable[T]]) -> T:
+        async def wrapped() -> T:
+            return await make()
+        fut = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        fut.add_done_callback(lambda _: token.run_sync_soon(done.set))
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            fut.cancel()
+            raise
+        return fut.result()
+
+    def stop(self) -> None:
+        """End every task left on the loop (the client's readers and pingers),
+        then the loop and its thread."""
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(10)
+        except Exception:  # noqa: BLE001 - stopping regardless
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+class _Session:
+    __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born")
+
+    def __init__(self) -> None:
+        # Names this incarnation of the id in message ids: a session deleted and
+        # made again within the stream's duplicate window is not taken for a retry.
+        self.born = secrets.token_hex(4)
+        self.last_seq = 0      # the last seq given
+        self.durable_seq = 0   # the last seq acknowledged by the stream
+        self.stream_seq = 0    # the stream sequence of the session's last message (the fence)
+        self.end = 0           # bytes of the session's lines so far (as a log file would hold)
+        self.deleted = False
+
+
+class JetStreamLog:
+    """Use `open_jetstream_log()`."""
+
+    def __init__(self, bridge: AsyncioThread, js: Any, stream: str, prefix: str) -> None:
+        self._bridge, self._js, self.stream, self.prefix = bridge, js, stream, prefix
+        self.listeners: list[RecordListener] = []
+        self.failure_listeners: list[Callable[[BaseException], None]] = []
+        self._sessions: dict[str, _Session] = {}
+        self._filling: dict[str, list[tuple[int, bytes]]] = {}
+        self._wake = trio.Event()
+        self._durable = trio.Event()  # set (and replaced) after each batch
+        self._broken: BaseException | None = None
+        self._closed = False
+
+    def subject(self, session_id: str) -> str:
+        return f"{self.prefix}.{validate_session_id(session_id)}"
+
+    # -- sessions ---------------------------------------------------------
+
+    def __contains__(self, session_id: str) -> bool:
+        s = self._sessions.get(session_id)
+        return s is not None and not s.deleted
+
+    def session_ids(self) -> list[str]:
+        return [sid for sid, s in self._sessions.items() if not s.deleted]
+
+    def _session(self, session_id: str) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None or s.deleted:
+            raise UnknownSession(session_id)
+        return s
+
+    def last_seq(self, session_id: str) -> int:
+        return self._session(session_id).last_seq
+
+    def durable_seq(self, session_id: str) -> int:
+        return self._session(session_id).durable_seq
+
+    def corruption(self, session_id: str) -> CorruptRecord | None:
+        self._session(session_id)
+        return None  # a stream's messages are checksummed and replicated by the servers
+
+    @property
+    def broken(self) -> BaseException | None:
+        return self._broken
+
+    def _check_open(self) -> None:
+        if self._broken is not None:
+            raise StoreBroken("the stream refused or failed a write; restart to recover") from self._broken
+        if self._closed:
+            raise StoreClosed("the event log is closed")
+
+    def _fail(self, error: BaseException) -> None:
+        if self._broken is None:
+            self._broken = error
+            for listener in self.failure_listeners:
+                listener(error)
+        self._durable.set()
+        self._durable = trio.Event()
+
+    # -- writes -------------------------------------------------------------
+
+    def _add(self, session_id: str, sess: _Session, events: Sequence[Event]) -> list[Appended]:
+        ts = time.time()
+        out = []
+        pending = self._filling.setdefault(session_id, [])
+        for ev in events:
+            sess.last_seq += 1
+            line = encode_record(sess.last_seq, ts, ev)
+            sess.end += len(line)
+            pending.append((sess.last_seq, line))
+            rec = Record(sess.last_seq, ts, ev)
+            for listener in self.listeners:
+                listener(session_id, rec, sess.end)
+            out.append(Appended(rec, sess.end))
+        self._wake.set()
+        return out
+
+    async def create(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
+        """A new session's first records, durable on return; an id in use (here,
+        or on the stream by another worker) is SessionExists."""
+        self._check_open()
+        subject = self.subject(session_id)
+        if session_id in self:
+            raise SessionExists(f"session {session_id!r} already exists")
+        self._sessions[session_id] = sess = _Session()
+        out = self._add(session_id, sess, events)
+        try:
+            await self.wait_durable(session_id, sess.last_seq)
+        except StoreBroken as e:
+            if getattr(e.__cause__, "err_code", None) in (10071, 10164):
+                raise SessionExists(f"session {session_id!r} already exists on {subject}") from None
+            raise
+        return out
+
+    async def append_many(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
+        self._check_open()
+        sess = self._session(session_id)
+        out = self._add(session_id, sess, events)
+        await self.wait_durable(session_id, sess.last_seq)
+        return out
+
+    def append_nowait(self, session_id: str, event: Event) -> Appended:
+        self._check_open()
+        return self._add(session_id, self._session(session_id), [event])[0]
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        sess = self._sessions.get(session_id)
+        if sess is None:
+            raise UnknownSession(session_id)
+        while sess.durable_seq < seq:
+            self._check_open()
+            await self._durable.wait()
+
+    async def flush(self) -> None:
+        for sid, sess in list(self._sessions.items()):
+            if not sess.deleted:
+                await self.wait_durable(sid, sess.last_seq)
+
+    async def _commit(self) -> None:
+        """The committer: one crossing and one pipelined publish a batch."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            batch, self._filling = self._filling, {}
+            if not batch or self._broken is not None:
+                continue
+            fences = {sid: self._sessions[sid].stream_seq for sid in batch}
+            js = self._js
+
+            async def publish_all() -> list[Any]:
+                return list(await asyncio.gather(*(
+                    js.publish(self.subject(sid), b"".join(line for _, line in items), headers={
+                        "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{items[0][0]}-{items[-1][0]}",
+                        "Nats-Expected-Last-Subject-Sequence": str(fences[sid])})
+                    for sid, items in batch.items()), return_exceptions=True))
+            try:
+                acks = await self._bridge.run(publish_all)
+            except Exception as e:  # the crossing itself failed
+                acks = [e] * len(batch)
+            failed = next((a for a in acks if isinstance(a, BaseException)), None)
+            if failed is not None:
+                self._fail(failed)
+                continue
+            for (sid, items), ack in zip(batch.items(), acks):
+                sess = self._sessions[sid]
+                sess.stream_seq = ack.seq
+                sess.durable_seq = max(sess.durable_seq, items[-1][0])
+            self._durable.set()
+            self._durable = trio.Event()
+
+    # -- reads and removal --------------------------------------------------
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
+        """The session's acknowledged records with seq > after_seq."""
+        self._session(session_id)
+        await self.flush()
+        subject, js, stream = self.subject(session_id), self._js, self.stream
+
+        async def messages() -> bytes:
+            from nats.js.errors import NotFoundError
+            data, seq = b"", 1
+            while True:
+                try:
+                    msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+                except NotFoundError:
+                    return data
+                data += msg.data or b""
+                seq = msg.seq + 1
+        data = await self._bridge.run(messages)
+        return [r for r in scan(session_id, data).records if r.seq > after_seq]
+
+    async def remove(self, session_id: str) -> None:
+        """Purge the session's subject (its tombstone is durable already) and forget it."""
+        self._check_open()
+        sess = self._session(session_id)
+        await self.wait_durable(session_id, sess.last_seq)
+        subject, js, stream = self.subject(session_id), self._js, self.stream
+        try:
+            await self._bridge.run(lambda: js.purge_stream(stream, subject=subject))
+        except Exception as e:
+            self._fail(e)
+            raise StoreBroken(f"purging {subject} failed: {e}") from e
+        del self._sessions[session_id]
+
+
+@asynccontextmanager
+async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", prefix: str = "sl.s",
+                             replicas: int = 3, timeout: float = 10.0) -> AsyncIterator[JetStreamLog]:
+    """Connect, create the stream if needed (`replicas` copies), run the
+    committer until the block exits; everything appended inside the block is
+    committed before it does."""
+    import nats
+    bridge = AsyncioThread()
+    bridge.start()
+    try:
+        async def connect() -> Any:
+            return await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        nc = await bridge.run(connect)
+        try:
+            js = nc.jetstream(timeout=timeout)
+
+            async def ensure_stream() -> None:
+                deadline = time.monotonic() + 30
+                while True:  # a cluster just started elects its meta leader first
+                    try:
+                        await js.add_stream(name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas,
+                                            duplicate_window=120.0)
+                        return
+                    except Exception:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.2)
+            await bridge.run(ensure_stream)
+            log = JetStreamLog(bridge, js, stream, prefix)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(log._commit)
+                try:
+                    yield log
+                    if log.broken is None:  # (broken: what was acknowledged is on the stream already)
+                        with trio.move_on_after(30):
+                            await log.flush()
+                finally:
+                    log._closed = True
+                    nursery.cancel_scope.cancel()
+        finally:
+            try:
+                await bridge.run(nc.close)
+            except Exception:  # noqa: BLE001 - a connection already lost: nothing to close cleanly
+                pass
+    finally:
+        bridge.stop()
