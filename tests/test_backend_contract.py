@@ -188,3 +188,29 @@ class TestJetStreamLog(EventLogContract):
                 await b.create("s1", [born("s1")])  # b finds the subject in use
             await a.append_many("s1", [SessionRenamed(title="a2")])
             assert [r.seq for r in await a.read("s1")] == [1, 2]
+
+    async def test_a_worker_sees_and_continues_what_another_wrote(self, tmp_path):
+        """Two workers on one stream: each one's records reach the other's
+        listeners through its tail, in order, and either may append next."""
+        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        async with open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, timeout=3) as a, \
+                open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, timeout=3) as b:
+            seen: dict[str, list[tuple[str, int]]] = {"a": [], "b": []}
+            a.listeners.append(lambda sid, rec, end: seen["a"].append((sid, rec.seq)))
+            b.listeners.append(lambda sid, rec, end: seen["b"].append((sid, rec.seq)))
+            await a.create("s1", [born("s1"), SessionRenamed(title="by a")])
+            with trio.fail_after(10):
+                while ("s1", 2) not in seen["b"]:
+                    await trio.sleep(0.01)
+            assert "s1" in b and b.last_seq("s1") == 2
+            await b.append_many("s1", [SessionRenamed(title="by b")])  # b continues a's session
+            with trio.fail_after(10):
+                while ("s1", 3) not in seen["a"]:
+                    await trio.sleep(0.01)
+            await a.append_many("s1", [SessionRenamed(title="a again")])
+            assert [r.seq for r in await a.read("s1")] == [1, 2, 3, 4]
+            assert [getattr(r.event, "title", None) for r in await b.read("s1")][1:] == ["by a", "by b", "a again"]
+            with trio.fail_after(10):
+                while ("s1", 4) not in seen["b"]:
+                    await trio.sleep(0.01)
+            assert seen["a"] == [("s1", 1), ("s1", 2), ("s1", 3), ("s1", 4)] == seen["b"]

@@ -26,6 +26,15 @@ they ack: `sync_interval: always`, checked by the operator's setup). A
 refused or failed publish is fatal, as a failed sync is for the files.
 Reading a session walks its subject with direct gets; removing one purges
 its subject (after its tombstone record was appended and acknowledged).
+
+Every log tails the stream from when it opened with an ordered consumer
+(JetStream's, never a core subscription: core subscribers also receive
+publishes the stream refused): another writer's messages (a header names
+the writer) reach this log's listeners, in order, and move the session's
+seq and fence here, so that any worker can show, and append to, a session
+another one wrote. A conflict (two writers of one session at once) is
+fatal for now; the in-flight leases of issue 17 are to keep one writer a
+session.
 """
 from __future__ import annotations
 
@@ -42,12 +51,14 @@ import trio
 from .backend import RecordListener
 from .commit import Appended
 from .errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, UnknownSession
-from .events import Event
+from .events import Event, SessionDeleted
 from .ids import validate_session_id
 from .log import scan
 from .record import Record, encode_record
 
 T = TypeVar("T")
+# The header naming a message's writer (a log: a worker's connection).
+WRITER_HEADER = "Sessionlog-Writer"
 
 
 class AsyncioThread:
@@ -119,6 +130,7 @@ class JetStreamLog:
         self._durable = trio.Event()  # set (and replaced) after each batch
         self._broken: BaseException | None = None
         self._closed = False
+        self.worker = secrets.token_hex(6)  # names this writer on its messages (the tail skips its own)
 
     def subject(self, session_id: str) -> str:
         return f"{self.prefix}.{validate_session_id(session_id)}"
@@ -240,7 +252,8 @@ class JetStreamLog:
                 return list(await asyncio.gather(*(
                     js.publish(self.subject(sid), b"".join(line for _, line in items), headers={
                         "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{items[0][0]}-{items[-1][0]}",
-                        "Nats-Expected-Last-Subject-Sequence": str(fences[sid])})
+                        "Nats-Expected-Last-Subject-Sequence": str(fences[sid]),
+                        WRITER_HEADER: self.worker})
                     for sid, items in batch.items()), return_exceptions=True))
             try:
                 acks = await self._bridge.run(publish_all)
@@ -256,6 +269,42 @@ class JetStreamLog:
                 sess.durable_seq = max(sess.durable_seq, items[-1][0])
             self._durable.set()
             self._durable = trio.Event()
+
+    # -- the tail: other writers' records -------------------------------------
+
+    def _take_foreign(self, subject: str, data: bytes, stream_seq: int) -> None:
+        """Another writer's message (on the trio thread, in stream order)."""
+        sid = subject[len(self.prefix) + 1:]
+        sess = self._sessions.get(sid)
+        if sess is None or sess.deleted:
+            sess = self._sessions[sid] = _Session()
+        sess.end += len(data)
+        sess.stream_seq = max(sess.stream_seq, stream_seq)
+        for rec in scan(sid, data).records:
+            if rec.seq <= sess.last_seq:
+                continue  # known already
+            sess.last_seq = sess.durable_seq = rec.seq
+            for listener in self.listeners:
+                listener(sid, rec, sess.end)
+            if isinstance(rec.event, SessionDeleted):
+                sess.deleted = True
+        self._durable.set()
+        self._durable = trio.Event()
+
+    async def _start_tail(self) -> None:
+        token = trio.lowlevel.current_trio_token()
+        js, worker = self._js, self.worker
+
+        async def subscribe() -> Any:
+            from nats.js.api import DeliverPolicy
+
+            async def on_message(msg: Any) -> None:
+                if (msg.headers or {}).get(WRITER_HEADER) == worker:
+                    return
+                token.run_sync_soon(self._take_foreign, msg.subject, msg.data or b"", msg.metadata.sequence.stream)
+            return await js.subscribe(f"{self.prefix}.>", stream=self.stream, cb=on_message,
+                                      ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+        self._tail_sub = await self._bridge.run(subscribe)
 
     # -- reads and removal --------------------------------------------------
 
@@ -321,6 +370,7 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
                         await asyncio.sleep(0.2)
             await bridge.run(ensure_stream)
             log = JetStreamLog(bridge, js, stream, prefix)
+            await log._start_tail()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(log._commit)
                 try:
