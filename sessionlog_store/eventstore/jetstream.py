@@ -308,24 +308,46 @@ class JetStreamLog:
 
     # -- reads and removal --------------------------------------------------
 
-    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
-        """The session's acknowledged records with seq > after_seq."""
-        self._session(session_id)
-        await self.flush()
+    async def _messages(self, session_id: str) -> tuple[bytes, int]:
+        """The session's lines as the stream holds them, and the stream
+        sequence of its last message (0: none)."""
         subject, js, stream = self.subject(session_id), self._js, self.stream
 
-        async def messages() -> bytes:
+        async def messages() -> tuple[bytes, int]:
             from nats.js.errors import NotFoundError
-            data, seq = b"", 1
+            data, seq, last = b"", 1, 0
             while True:
                 try:
                     msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
                 except NotFoundError:
-                    return data
+                    return data, last
                 data += msg.data or b""
-                seq = msg.seq + 1
-        data = await self._bridge.run(messages)
+                seq = last = msg.seq
+                seq += 1
+        return await self._bridge.run(messages)
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
+        """The session's acknowledged records with seq > after_seq."""
+        self._session(session_id)
+        await self.flush()
+        data, _ = await self._messages(session_id)
         return [r for r in scan(session_id, data).records if r.seq > after_seq]
+
+    async def adopt(self, session_id: str) -> list[Record]:
+        """Know a session another writer made before this log opened (its
+        seq and fence from the stream); returns its records. UnknownSession
+        if the stream has none."""
+        data, last = await self._messages(session_id)
+        records = scan(session_id, data).records
+        if not records:
+            raise UnknownSession(session_id)
+        sess = self._sessions.get(session_id)
+        if sess is None or sess.deleted:
+            sess = self._sessions[session_id] = _Session()
+        sess.last_seq = max(sess.last_seq, records[-1].seq)
+        sess.durable_seq = max(sess.durable_seq, records[-1].seq)
+        sess.stream_seq, sess.end = max(sess.stream_seq, last), max(sess.end, len(data))
+        return records
 
     async def remove(self, session_id: str) -> None:
         """Purge the session's subject (its tombstone is durable already) and forget it."""

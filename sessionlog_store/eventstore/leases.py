@@ -1,0 +1,152 @@
+"""In-flight ownership across workers (issue 17 item 3, under way): a
+worker holds a lease for each reply it streams, in a JetStream KV bucket;
+when a worker dies, another worker's sweeper takes its expired leases and
+finalizes their replies `aborted` "worker restart", exactly once.
+
+Theory of operation
+-------------------
+A lease is a KV entry `<session>.<message>` holding (worker, expires), a
+wall-clock deadline `ttl` seconds ahead. Every change is a compare-and-set
+on the entry's revision:
+- `acquire` creates the entry (refused if it exists);
+- `renew` moves the deadline, expecting the revision it last wrote; a CAS
+  that fails means another worker took the lease: the holder has lost it
+  and must stop writing that reply (`renew` returns False);
+- `sweep` looks at every entry; one whose deadline passed (plus `skew`, for
+  the workers' clocks) is taken with a CAS on the revision it read, so of
+  two sweepers exactly one wins. The winner reads the session from the
+  stream and appends the finalize, unless the reply has one already (its
+  worker finished it but died before releasing); the append is fenced by
+  the stream's expected-last-subject-sequence too. Then it deletes the
+  entry, expecting its own revision.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+import msgspec
+
+from .errors import UnknownSession
+from .events import MessageFinalized
+from .jetstream import JetStreamLog
+
+# Seconds of clock difference between workers a deadline allows for.
+CLOCK_SKEW: Final = 2.0
+REASON: Final = "worker restart"
+
+
+class Lease(msgspec.Struct, frozen=True):
+    worker: str
+    expires: float
+
+
+_ENCODE = msgspec.json.Encoder()
+_DECODE = msgspec.json.Decoder(Lease)
+
+
+def lease_key(session_id: str, msg_id: str) -> str:
+    return f"{session_id}.{msg_id}"
+
+
+class LeaseTaken(Exception):
+    """The reply has a lease already (another worker streams it)."""
+
+
+class Leases:
+    """Use `await Leases.open(log)`."""
+
+    def __init__(self, log: JetStreamLog, kv: Any, ttl: float, skew: float = CLOCK_SKEW) -> None:
+        self.log, self.kv, self.ttl, self.skew = log, kv, ttl, skew
+        self.worker = log.worker
+        self._revisions: dict[str, int] = {}  # the revision of each lease this worker holds
+
+    @classmethod
+    async def open(cls, log: JetStreamLog, *, ttl: float = 15.0, replicas: int = 3,
+                   skew: float = CLOCK_SKEW) -> Leases:
+        js = log._js
+
+        async def bucket() -> Any:
+            return await js.create_key_value(bucket=f"{log.stream}-leases", history=1, replicas=replicas)
+        return cls(log, await log._bridge.run(bucket), ttl, skew)
+
+    def _value(self) -> bytes:
+        return _ENCODE.encode(Lease(self.worker, time.time() + self.ttl))
+
+    async def acquire(self, session_id: str, msg_id: str) -> None:
+        key, kv, value = lease_key(session_id, msg_id), self.kv, self._value()
+        try:
+            self._revisions[key] = await self.log._bridge.run(lambda: kv.create(key, value))
+        except Exception as e:
+            if type(e).__name__ == "KeyWrongLastSequenceError":
+                raise LeaseTaken(key) from None
+            raise
+
+    async def renew(self, session_id: str, msg_id: str) -> bool:
+        """Move the deadline on; False: the lease was taken (stop writing the reply)."""
+        key, kv, value = lease_key(session_id, msg_id), self.kv, self._value()
+        last = self._revisions.get(key)
+        if last is None:
+            return False
+        try:
+            self._revisions[key] = await self.log._bridge.run(lambda: kv.update(key, value, last=last))
+            return True
+        except Exception as e:
+            if type(e).__name__ == "KeyWrongLastSequenceError":
+                del self._revisions[key]
+                return False
+            raise
+
+    async def release(self, session_id: str, msg_id: str) -> None:
+        key, kv = lease_key(session_id, msg_id), self.kv
+        last = self._revisions.pop(key, None)
+        if last is not None:
+            try:
+                await self.log._bridge.run(lambda: kv.delete(key, last=last))
+            except Exception as e:
+                if type(e).__name__ != "KeyWrongLastSequenceError":
+                    raise  # (taken meanwhile: the taker deletes it)
+
+    async def sweep(self) -> list[tuple[str, str]]:
+        """Take every expired lease of any worker and finalize its reply
+        (once, whoever else sweeps). Returns the replies this sweep finalized."""
+        kv, run, skew = self.kv, self.log._bridge.run, self.skew
+
+        async def expired() -> list[tuple[str, int]]:
+            from nats.js.errors import KeyNotFoundError, NoKeysError
+            try:
+                keys = await kv.keys()
+            except NoKeysError:
+                return []
+            out = []
+            for key in keys:
+                try:
+                    entry = await kv.get(key)
+                except KeyNotFoundError:
+                    continue
+                if entry.value and _DECODE.decode(entry.value).expires + skew < time.time():
+                    out.append((key, entry.revision))
+            return out
+        done = []
+        for key, revision in await run(expired):
+            value = self._value()
+            try:
+                mine = await run(lambda: kv.update(key, value, last=revision))  # exactly one sweeper wins
+            except Exception as e:
+                if type(e).__name__ == "KeyWrongLastSequenceError":
+                    continue
+                raise
+            session_id, msg_id = key.split(".", 1)
+            try:
+                records = await self.log.adopt(session_id)
+            except UnknownSession:  # the session went (deleted): nothing to finalize
+                records = None
+            if records is None:
+                await run(lambda: kv.delete(key, last=mine))
+                continue
+            if not any(isinstance(r.event, MessageFinalized) and r.event.msg_id == msg_id for r in records):
+                await self.log.append_many(session_id, [MessageFinalized(msg_id=msg_id, status="aborted",
+                                                                         aborted_reason=REASON)])
+                done.append((session_id, msg_id))
+            await run(lambda: kv.delete(key, last=mine))
+        return done

@@ -1,0 +1,84 @@
+"""In-flight ownership across workers (eventstore/leases.py) on a real
+3-node JetStream cluster: a dead worker's running reply is finalized
+`aborted` "worker restart" exactly once however many sweepers race, a
+worker whose lease was taken learns it, and a reply that was finished
+before its worker died is left as it ended."""
+from __future__ import annotations
+
+import pytest
+import trio
+
+from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated
+
+from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
+
+pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+
+
+def opened(cluster, name):  # type: ignore[no-untyped-def]
+    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    return open_jetstream_log(cluster.urls, stream=name, prefix=f"l.{name}", timeout=3)
+
+
+async def start_reply(log, sid: str, mid: str) -> None:  # type: ignore[no-untyped-def]
+    await log.create(sid, [SessionCreated(session_id=sid),
+                           MessageCreated(msg_id=mid, role="assistant", kind="llm_reply", status="running")])
+
+
+def finalizes(records, mid: str) -> list[MessageFinalized]:  # type: ignore[no-untyped-def]
+    return [r.event for r in records if isinstance(r.event, MessageFinalized) and r.event.msg_id == mid]
+
+
+async def test_a_dead_workers_reply_is_aborted_exactly_once(nats_cluster):  # noqa: F811
+    from sessionlog_store.eventstore.leases import Leases
+    async with opened(nats_cluster, "LEASE1") as a:
+        la = await Leases.open(a, ttl=0.5, skew=0.1)
+        await start_reply(a, "s1", "m1")
+        await la.acquire("s1", "m1")
+    # worker a is gone: no finalize, no release. Three sweepers race for its lease.
+    await trio.sleep(1.0)
+    done = []
+    async with opened(nats_cluster, "LEASE1") as b, opened(nats_cluster, "LEASE1") as c, \
+            opened(nats_cluster, "LEASE1") as d:
+        sweepers = [await Leases.open(x, ttl=5, skew=0.1) for x in (b, c, d)]
+        async with trio.open_nursery() as n:
+            for sw in sweepers:
+                n.start_soon(_sweep, sw, done)
+        records = await b.adopt("s1")
+        [fin] = finalizes(records, "m1")
+        assert fin.status == "aborted" and fin.aborted_reason == "worker restart"
+        assert done == [("s1", "m1")], "one sweeper finalized it"
+        assert await sweepers[0].sweep() == [], "the lease is gone"
+
+
+async def _sweep(sw, done) -> None:  # type: ignore[no-untyped-def]
+    done.extend(await sw.sweep())
+
+
+async def test_a_worker_learns_it_lost_its_lease(nats_cluster):  # noqa: F811
+    from sessionlog_store.eventstore.leases import Leases, LeaseTaken
+    async with opened(nats_cluster, "LEASE2") as a, opened(nats_cluster, "LEASE2") as b:
+        la, lb = await Leases.open(a, ttl=0.5, skew=0.1), await Leases.open(b, ttl=5, skew=0.1)
+        await start_reply(a, "s1", "m1")
+        await la.acquire("s1", "m1")
+        with pytest.raises(LeaseTaken):
+            await lb.acquire("s1", "m1")
+        assert await la.renew("s1", "m1")
+        await trio.sleep(1.0)  # a stalls past its deadline
+        assert await lb.sweep() == [("s1", "m1")]
+        assert not await la.renew("s1", "m1"), "a stops writing the reply"
+
+
+async def test_a_reply_finished_before_its_worker_died_stays_as_it_ended(nats_cluster):  # noqa: F811
+    from sessionlog_store.eventstore.leases import Leases
+    async with opened(nats_cluster, "LEASE3") as a:
+        la = await Leases.open(a, ttl=0.5, skew=0.1)
+        await start_reply(a, "s1", "m1")
+        await la.acquire("s1", "m1")
+        await a.append_many("s1", [MessageFinalized(msg_id="m1", status="done", content="all of it")])
+        # dies before releasing
+    await trio.sleep(1.0)
+    async with opened(nats_cluster, "LEASE3") as b:
+        lb = await Leases.open(b, ttl=5, skew=0.1)
+        assert await lb.sweep() == []
+        assert [f.status for f in finalizes(await b.adopt("s1"), "m1")] == ["done"]
