@@ -91,19 +91,25 @@ class EventLogContract:
                 self._maybe()
                 super().syncfs(fd)
         fs = Failing()
-        told: list[BaseException] = []
         with pytest.raises(BaseException):  # the store's block ends with the failure
             async with self.open_log(str(tmp_path / "log"), fs) as log:
-                log.failure_listeners.append(told.append)
-                await log.create("s1", [born("s1")])
-                fs.armed = True
-                with pytest.raises(StoreBroken):
-                    await log.append_many("s1", [SessionRenamed(title="lost")])
-                assert log.broken is not None
-                with pytest.raises(StoreBroken):
-                    await log.append_many("s1", [SessionRenamed(title="after")])
-                assert len(told) == 1
+                await self.writes_after_breaking_fail(log, lambda: setattr(fs, "armed", True))
                 raise RuntimeError("done")  # leave the block (the committer's error joins it)
+
+    async def writes_after_breaking_fail(self, log: EventLog, break_it) -> None:  # type: ignore[no-untyped-def]
+        """After `break_it()` a write fails, every later one too, and the
+        failure listeners are told once."""
+        told: list[BaseException] = []
+        log.failure_listeners.append(told.append)
+        await log.create("s1", [born("s1")])
+        break_it()
+        with trio.fail_after(30):
+            with pytest.raises(StoreBroken):
+                await log.append_many("s1", [SessionRenamed(title="lost")])
+        assert log.broken is not None
+        with pytest.raises(StoreBroken):
+            await log.append_many("s1", [SessionRenamed(title="after")])
+        assert len(told) == 1
 
 
 @pytest.mark.parametrize("mode", ["journal", "fdatasync", "syncfs"])
@@ -160,19 +166,9 @@ class TestJetStreamLog(EventLogContract):
         from .nats_cluster import NatsCluster
         cluster = NatsCluster(tmp_path)
         cluster.start()
-        told: list[BaseException] = []
         try:
             async with open_jetstream_log(cluster.urls, stream="BROKEN", timeout=2) as log:
-                log.failure_listeners.append(told.append)
-                await log.create("s1", [born("s1")])
-                cluster.stop()
-                with trio.fail_after(30):
-                    with pytest.raises(StoreBroken):
-                        await log.append_many("s1", [SessionRenamed(title="lost")])
-                assert log.broken is not None
-                with pytest.raises(StoreBroken):
-                    await log.append_many("s1", [SessionRenamed(title="after")])
-                assert len(told) == 1
+                await self.writes_after_breaking_fail(log, cluster.stop)
         finally:
             cluster.stop()
 
