@@ -210,3 +210,24 @@ class TestJetStreamLog(EventLogContract):
                 while ("s1", 4) not in seen["b"]:
                     await trio.sleep(0.01)
             assert seen["a"] == [("s1", 1), ("s1", 2), ("s1", 3), ("s1", 4)] == seen["b"]
+
+    async def test_a_new_log_replays_the_stream_before_it_starts(self, tmp_path):
+        """A worker's start: every session on the stream, each record in
+        order through the listeners, a removed session gone, and appends
+        continue where the stream ends."""
+        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        kw = {"stream": self.stream, "prefix": self.prefix, "timeout": 3}
+        async with open_jetstream_log(self.cluster.urls, **kw) as a:
+            await a.create("s1", [born("s1"), SessionRenamed(title="one")])
+            a.append_nowait("s1", MessageProgress(msg_id="m", content_delta="x"))
+            await a.create("s2", [born("s2")])
+            await a.append_many("s2", [SessionDeleted()])
+            await a.remove("s2")
+            await a.create("s3", [born("s3")])
+        seen: list[tuple[str, int]] = []
+        async with open_jetstream_log(self.cluster.urls, replay=True,
+                                      listeners=[lambda sid, rec, end: seen.append((sid, rec.seq))], **kw) as b:
+            assert sorted(b.session_ids()) == ["s1", "s3"]
+            assert [s for sid, s in seen if sid == "s1"] == [1, 2, 3] and ("s2", 1) not in seen
+            await b.append_many("s1", [SessionRenamed(title="after the start")])
+            assert [r.seq for r in await b.read("s1")] == [1, 2, 3, 4]

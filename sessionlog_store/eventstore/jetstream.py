@@ -131,6 +131,7 @@ class JetStreamLog:
         self._broken: BaseException | None = None
         self._closed = False
         self.worker = secrets.token_hex(6)  # names this writer on its messages (the tail skips its own)
+        self.tail_position = 0  # the stream sequence of the last message the tail delivered
 
     def subject(self, session_id: str) -> str:
         return f"{self.prefix}.{validate_session_id(session_id)}"
@@ -274,6 +275,7 @@ class JetStreamLog:
 
     def _take_foreign(self, subject: str, data: bytes, stream_seq: int) -> None:
         """Another writer's message (on the trio thread, in stream order)."""
+        self.tail_position = max(self.tail_position, stream_seq)
         sid = subject[len(self.prefix) + 1:]
         sess = self._sessions.get(sid)
         if sess is None or sess.deleted:
@@ -291,7 +293,10 @@ class JetStreamLog:
         self._durable.set()
         self._durable = trio.Event()
 
-    async def _start_tail(self) -> None:
+    async def _start_tail(self, replay: bool = False) -> None:
+        """Tail the stream from now on; with `replay`, from its first message,
+        returning once every message there was at the start has reached the
+        listeners (what a worker's start does: its registry from the stream)."""
         token = trio.lowlevel.current_trio_token()
         js, worker = self._js, self.worker
 
@@ -303,8 +308,19 @@ class JetStreamLog:
                     return
                 token.run_sync_soon(self._take_foreign, msg.subject, msg.data or b"", msg.metadata.sequence.stream)
             return await js.subscribe(f"{self.prefix}.>", stream=self.stream, cb=on_message,
-                                      ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+                                      ordered_consumer=True,
+                                      deliver_policy=DeliverPolicy.ALL if replay else DeliverPolicy.NEW)
         self._tail_sub = await self._bridge.run(subscribe)
+        sub = self._tail_sub
+        while replay:  # caught up: nothing pending on the server, all delivered taken here
+
+            async def progress() -> tuple[int, int]:
+                info = await sub.consumer_info()
+                return int(info.num_pending or 0), int(info.delivered.stream_seq or 0)
+            pending, delivered = await self._bridge.run(progress)
+            if pending == 0 and self.tail_position >= delivered:
+                return
+            await trio.sleep(0.02)
 
     # -- reads and removal --------------------------------------------------
 
@@ -365,10 +381,13 @@ class JetStreamLog:
 
 @asynccontextmanager
 async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", prefix: str = "sl.s",
-                             replicas: int = 3, timeout: float = 10.0) -> AsyncIterator[JetStreamLog]:
+                             replicas: int = 3, timeout: float = 10.0, replay: bool = False,
+                             listeners: Sequence[RecordListener] = ()) -> AsyncIterator[JetStreamLog]:
     """Connect, create the stream if needed (`replicas` copies), run the
     committer until the block exits; everything appended inside the block is
-    committed before it does."""
+    committed before it does. With `replay`, every session on the stream is
+    known, and every record of it has reached `listeners`, when the block
+    starts (a worker's start)."""
     import nats
     bridge = AsyncioThread()
     bridge.start()
@@ -392,7 +411,9 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
                         await asyncio.sleep(0.2)
             await bridge.run(ensure_stream)
             log = JetStreamLog(bridge, js, stream, prefix)
-            await log._start_tail()
+            log.listeners.extend(listeners)
+            with trio.fail_after(max(60.0, 6 * timeout)):
+                await log._start_tail(replay)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(log._commit)
                 try:
