@@ -115,9 +115,9 @@ class ProjectRegistry:
     def __contains__(self, project_id: str) -> bool:
         return project_id == DEFAULT_PROJECT_ID or project_id in self._projects
 
-    def view(self, project_id: str, owner: str | None = None) -> ProjectView:
+    def view(self, project_id: str) -> ProjectView:
         """A project with whether its folder is gone (one stat)."""
-        p = self.get(project_id, owner)
+        p = self.get(project_id)
         path = "" if p.is_default and self.many_users else p.path
         return ProjectView(id=p.id, name=p.name, path=path, is_default=p.is_default,
                            path_missing=not os.path.isdir(p.path))

@@ -211,7 +211,7 @@ class Connection:
             n = len(frame)  # a str's UTF-8 is at most 4 bytes a character: encode only what may be over
             size = n if isinstance(frame, bytes) or 4 * n <= quotas.limits.frame_bytes \
                 else len(frame.encode("utf-8", "surrogatepass"))
-            refused, _ = quotas.frame_wait(user, size, trio.current_time())
+            refused = quotas.check_frame(user, size, trio.current_time())
             if refused is not None:  # not handled: a refused frame costs us next to nothing
                 # (a small one's head is read to answer it by its request_id)
                 action, rid = p.peek(frame) if refused.code == "rate_limited" and size <= PEEK_BYTES else (None, None)

@@ -90,11 +90,10 @@ class Quotas:
         if self._connections[user] <= 0:
             del self._connections[user]
 
-    def frame_wait(self, user: str, size: int, now: float) -> tuple[ServiceError | None, float]:
-        """Whether a frame of `size` bytes from `user` is refused, and how long
-        to wait before reading the next one."""
+    def check_frame(self, user: str, size: int, now: float) -> ServiceError | None:
+        """Why a frame of `size` bytes from `user` is refused, or None. Over
+        its rate, the user's next read waits (`read_pause`)."""
         lim = self.limits
-        wait = 0.0
         if lim.frames_per_second > 0:  # every frame takes a token, a too large one too
             bucket = self._buckets.get(user)
             if bucket is None:
@@ -103,10 +102,10 @@ class Quotas:
             if wait:
                 self._resume_at[user] = now + wait
                 return self.refuse("rate_limited", f"more than {lim.frames_per_second:g} frames a second; "
-                                   "this one was not handled, slow down"), wait
+                                   "this one was not handled, slow down")
         if size > lim.frame_bytes:
-            return self.refuse("frame_too_large", f"a frame may have at most {lim.frame_bytes} bytes"), wait
-        return None, 0.0
+            return self.refuse("frame_too_large", f"a frame may have at most {lim.frame_bytes} bytes")
+        return None
 
     def read_pause(self, user: str, now: float) -> float:
         """How long any connection of `user` waits before reading its next frame."""
