@@ -159,7 +159,8 @@ class TestJetStreamLog(EventLogContract):
             yield log
 
     async def test_a_failed_sync_is_fatal_and_told_once(self, tmp_path):
-        """Here a write fails when no node answers (every node killed)."""
+        """Here a write fails when no node answers (every node killed) for
+        longer than the log retries an unanswered publish."""
         pytest.importorskip("nats")
         from sessionlog_store.eventstore.jetstream import open_jetstream_log
 
@@ -167,7 +168,7 @@ class TestJetStreamLog(EventLogContract):
         cluster = NatsCluster(tmp_path)
         cluster.start()
         try:
-            async with open_jetstream_log(cluster.urls, stream="BROKEN", timeout=2) as log:
+            async with open_jetstream_log(cluster.urls, stream="BROKEN", timeout=2, retry_for=3) as log:
                 await self.writes_after_breaking_fail(log, cluster.stop)
         finally:
             cluster.stop()
@@ -231,3 +232,50 @@ class TestJetStreamLog(EventLogContract):
             assert [s for sid, s in seen if sid == "s1"] == [1, 2, 3] and ("s2", 1) not in seen
             await b.append_many("s1", [SessionRenamed(title="after the start")])
             assert [r.seq for r in await b.read("s1")] == [1, 2, 3, 4]
+
+    @pytest.mark.slow
+    async def test_appends_continue_across_a_leader_kill_none_lost_or_doubled(self, tmp_path):
+        """kill -9 of the stream's leader while 20 sessions append: the log
+        is not broken (unanswered publishes are sent again with their ids),
+        every acknowledged record is on the stream once, in seq order, and
+        the longest wait is printed next to the election timeout."""
+        import time
+
+        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+
+        from .nats_cluster import NatsCluster
+        cluster = NatsCluster(tmp_path)
+        cluster.start()
+        try:
+            async with open_jetstream_log(cluster.urls, stream="LK", timeout=2) as log:
+                sids = [f"s{i}" for i in range(20)]
+                for sid in sids:
+                    await log.create(sid, [born(sid)])
+                acked = {sid: 1 for sid in sids}
+                waits: list[float] = []
+
+                async def writer(sid: str) -> None:
+                    for i in range(30):
+                        t0 = time.monotonic()
+                        out = await log.append_many(sid, [SessionRenamed(title=f"{i}")])
+                        waits.append(time.monotonic() - t0)
+                        acked[sid] = out[-1].record.seq
+                        await trio.sleep(0.01)
+
+                async def killer() -> None:
+                    while sum(acked.values()) < 200:
+                        await trio.sleep(0.01)
+                    leader = await log._bridge.run(lambda: log._js.stream_info("LK"))
+                    cluster.kill(int(str(leader.cluster.leader).removeprefix("n")))
+                with trio.fail_after(120):
+                    async with trio.open_nursery() as n:
+                        n.start_soon(killer)
+                        for sid in sids:
+                            n.start_soon(writer, sid)
+                assert log.broken is None
+                for sid in sids:
+                    assert [r.seq for r in await log.read(sid)] == list(range(1, acked[sid] + 1)) == \
+                        list(range(1, 32))
+                print(f"longest append across the kill {max(waits):.1f} s, {log.retries} publishes sent again")
+        finally:
+            cluster.stop()

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sessionlog_store.eventstore.jetstream import until_led
+
 from .nats_cluster import NatsCluster
 
 nats = pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
@@ -35,15 +37,8 @@ def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
 async def _stream(cluster: NatsCluster):  # type: ignore[no-untyped-def]
     nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream(timeout=5)
-    deadline = time.monotonic() + 30
-    while True:  # the meta leader is elected a moment after the nodes start
-        try:
-            await js.add_stream(name="SL", subjects=["sl.>"], num_replicas=3)
-            return nc, js
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+    await until_led(js, "SL", lambda: js.add_stream(name="SL", subjects=["sl.>"], num_replicas=3))
+    return nc, js
 
 
 def test_every_node_syncs_before_it_acks(cluster):
@@ -76,6 +71,13 @@ def test_a_repeated_msg_id_is_stored_once(cluster):
         b = await js.publish("sl.s1", b"x", headers={"Nats-Msg-Id": "s1:1"})
         assert not a.duplicate and b.duplicate and a.seq == b.seq
         assert (await js.stream_info("SL")).state.messages == 1
+        # the id is checked before the fence: a retry whose first try was stored
+        # (its ack lost) is a duplicate ack, not a refusal for a stale fence
+        fenced = {"Nats-Msg-Id": "s1:2", "Nats-Expected-Last-Subject-Sequence": str(a.seq)}
+        c = await js.publish("sl.s1", b"y", headers=fenced)
+        d = await js.publish("sl.s1", b"y", headers=fenced)
+        assert not c.duplicate and d.duplicate and c.seq == d.seq
+        assert (await js.stream_info("SL")).state.messages == 2
         await nc.close()
     asyncio.run(main())
 

@@ -103,6 +103,36 @@ class AsyncioThread:
         self.loop.close()
 
 
+async def until_led(js: Any, stream: str, create: Callable[[], Awaitable[T]], within: float = 30.0) -> T:
+    """Run `create` (an idempotent add_stream or create_key_value of
+    `stream`) until the cluster has taken it and the stream has a leader: a
+    cluster just started elects its meta leader first, a new stream its own
+    a moment later, and a publish before that finds no responder."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            made = await create()
+            cluster = (await js.stream_info(stream)).cluster
+            if cluster is None or cluster.leader:
+                return made
+            error: Exception = TimeoutError(f"stream {stream} has no leader after {within:.0f} s")
+        except Exception as e:  # noqa: BLE001 - retried until the deadline, then raised
+            error = e
+        if time.monotonic() > deadline:
+            raise error
+        await asyncio.sleep(0.2)
+
+
+def _unanswered(error: BaseException) -> bool:
+    """A publish that may not have reached a leader, or whose ack was lost:
+    retried with the same message id, it is stored once."""
+    import nats.errors
+    import nats.js.errors
+    return (isinstance(error, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
+                               nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError,
+                               nats.js.errors.ServiceUnavailableError)))
+
+
 class _Session:
     __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born")
 
@@ -120,8 +150,10 @@ class _Session:
 class JetStreamLog:
     """Use `open_jetstream_log()`."""
 
-    def __init__(self, bridge: AsyncioThread, js: Any, stream: str, prefix: str) -> None:
+    def __init__(self, bridge: AsyncioThread, js: Any, stream: str, prefix: str, *, retry_for: float = 60.0) -> None:
         self._bridge, self._js, self.stream, self.prefix = bridge, js, stream, prefix
+        self.retry_for = retry_for
+        self.retries = 0  # publishes sent again after no answer (a leader election: a metric)
         self.listeners: list[RecordListener] = []
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._sessions: dict[str, _Session] = {}
@@ -249,13 +281,28 @@ class JetStreamLog:
             fences = {sid: self._sessions[sid].stream_seq for sid in batch}
             js = self._js
 
+            messages = [(self.subject(sid), b"".join(line for _, line in items), {
+                "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{items[0][0]}-{items[-1][0]}",
+                "Nats-Expected-Last-Subject-Sequence": str(fences[sid]),
+                WRITER_HEADER: self.worker}) for sid, items in batch.items()]
+            retry_for = self.retry_for
+
             async def publish_all() -> list[Any]:
-                return list(await asyncio.gather(*(
-                    js.publish(self.subject(sid), b"".join(line for _, line in items), headers={
-                        "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{items[0][0]}-{items[-1][0]}",
-                        "Nats-Expected-Last-Subject-Sequence": str(fences[sid]),
-                        WRITER_HEADER: self.worker})
-                    for sid, items in batch.items()), return_exceptions=True))
+                """Every message at once; those not answered again, with the same
+                headers (the id makes a retry of a stored one a duplicate ack,
+                checked before the fence), until `retry_for` has passed."""
+                acks: list[Any] = [None] * len(messages)
+                todo, deadline = list(range(len(messages))), time.monotonic() + retry_for
+                while True:
+                    got = await asyncio.gather(*(js.publish(messages[i][0], messages[i][1], headers=messages[i][2])
+                                                 for i in todo), return_exceptions=True)
+                    for i, ack in zip(todo, got):
+                        acks[i] = ack
+                    todo = [i for i in todo if isinstance(acks[i], BaseException) and _unanswered(acks[i])]
+                    if not todo or time.monotonic() > deadline:
+                        return acks
+                    self.retries += len(todo)
+                    await asyncio.sleep(0.1)
             try:
                 acks = await self._bridge.run(publish_all)
             except Exception as e:  # the crossing itself failed
@@ -381,13 +428,16 @@ class JetStreamLog:
 
 @asynccontextmanager
 async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", prefix: str = "sl.s",
-                             replicas: int = 3, timeout: float = 10.0, replay: bool = False,
+                             replicas: int = 3, timeout: float = 10.0, retry_for: float = 60.0,
+                             replay: bool = False,
                              listeners: Sequence[RecordListener] = ()) -> AsyncIterator[JetStreamLog]:
     """Connect, create the stream if needed (`replicas` copies), run the
     committer until the block exits; everything appended inside the block is
     committed before it does. With `replay`, every session on the stream is
     known, and every record of it has reached `listeners`, when the block
-    starts (a worker's start)."""
+    starts (a worker's start). A publish that gets no answer (a leader
+    being elected, a node lost) is retried for `retry_for` seconds before
+    the log is broken."""
     import nats
     bridge = AsyncioThread()
     bridge.start()
@@ -398,19 +448,9 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
         try:
             js = nc.jetstream(timeout=timeout)
 
-            async def ensure_stream() -> None:
-                deadline = time.monotonic() + 30
-                while True:  # a cluster just started elects its meta leader first
-                    try:
-                        await js.add_stream(name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas,
-                                            duplicate_window=120.0)
-                        return
-                    except Exception:
-                        if time.monotonic() > deadline:
-                            raise
-                        await asyncio.sleep(0.2)
-            await bridge.run(ensure_stream)
-            log = JetStreamLog(bridge, js, stream, prefix)
+            await bridge.run(lambda: until_led(js, stream, lambda: js.add_stream(
+                name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas, duplicate_window=120.0)))
+            log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for)
             log.listeners.extend(listeners)
             with trio.fail_after(max(60.0, 6 * timeout)):
                 await log._start_tail(replay)

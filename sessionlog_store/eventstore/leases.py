@@ -29,7 +29,7 @@ import msgspec
 
 from .errors import UnknownSession
 from .events import MessageFinalized
-from .jetstream import JetStreamLog
+from .jetstream import JetStreamLog, until_led
 
 # Seconds of clock difference between workers a deadline allows for.
 CLOCK_SKEW: Final = 2.0
@@ -66,9 +66,10 @@ class Leases:
                    skew: float = CLOCK_SKEW) -> Leases:
         js = log._js
 
-        async def bucket() -> Any:
-            return await js.create_key_value(bucket=f"{log.stream}-leases", history=1, replicas=replicas)
-        return cls(log, await log._bridge.run(bucket), ttl, skew)
+        name = f"{log.stream}-leases"
+        kv = await log._bridge.run(lambda: until_led(js, f"KV_{name}", lambda: js.create_key_value(
+            bucket=name, history=1, replicas=replicas)))
+        return cls(log, kv, ttl, skew)
 
     def _value(self) -> bytes:
         return _ENCODE.encode(Lease(self.worker, time.time() + self.ttl))
