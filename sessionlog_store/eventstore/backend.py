@@ -1,10 +1,10 @@
 """The event log's contract: what the session store needs of a backend.
 
 `EventStore` (commit.py: a JSONL log per session, group commit, the
-write-ahead journal) is the reference implementation and, for now, the only
-one; `tests/test_backend_contract.py` holds the semantics every backend must
-pass, as one abstract test class to subclass per backend (issue 17: a NATS
-JetStream backend is to be the second).
+write-ahead journal) is the reference implementation; `JetStreamLog`
+(jetstream.py, a replicated NATS JetStream stream) the second.
+`tests/test_backend_contract.py` holds the semantics every backend must
+pass, as one abstract test class to subclass per backend.
 
 The semantics, in short:
 - A session is created with its first records, durably (`create`); an id
@@ -16,6 +16,12 @@ The semantics, in short:
   before any await (the live projections).
 - `read` returns the acknowledged records after a seq; `remove` forgets a
   session (after its tombstone is durable): it is then `UnknownSession`.
+- Several writers (workers sharing a replicated log) may append to one
+  session: the backend orders them, renumbering a writer's unacknowledged
+  records after another's (a waiter's seq follows them), and tells
+  `reset_listeners` the session's records as they now stand, since what the
+  listeners saw of it is void; an empty list: another writer deleted it.
+  The local log has one writer (its flock) and never calls them.
 - A failed write or sync is fatal: `broken()` says why, every later write
   raises `StoreBroken`, `failure_listeners` are told once.
 Not yet in the contract (the local store's startup reads its files itself:
@@ -37,6 +43,7 @@ RecordListener = Callable[[str, Record, int], None]  # (session id, record, its 
 
 class EventLog(Protocol):
     listeners: list[RecordListener]
+    reset_listeners: list[Callable[[str, list[Record], int], None]]
     failure_listeners: list[Callable[[BaseException], None]]
 
     def __contains__(self, session_id: str) -> bool: ...

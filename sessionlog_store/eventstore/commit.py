@@ -201,6 +201,9 @@ class EventStore:
         # Called after the listeners have seen all the records of one append
         # (one call of append/append_many/append_nowait) with the session id.
         self.append_listeners: list[Callable[[str], None]] = []
+        # The contract's (backend.py): a session's records to fold again after
+        # another writer's conflicting append. Never called here: one writer.
+        self.reset_listeners: list[Callable[[str, list[Record], int], None]] = []
         # Called once, on the trio thread, when a write or sync fails (the store breaks).
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._sessions: dict[str, _Session] = {}

@@ -23,7 +23,19 @@ message carries
   records carry their own seq and the stream sequence is only the fence).
 A batch is acknowledged when every message is (the servers fsync before
 they ack: `sync_interval: always`, checked by the operator's setup). A
-refused or failed publish is fatal, as a failed sync is for the files.
+publish that gets no answer (a leader election) is sent again, same id, for
+`retry_for` seconds; one that fails otherwise is fatal, as a failed sync is
+for the files.
+
+A publish refused by the fence (another writer appended to the session
+since) is a conflict, not a failure: the log reads the session again and
+puts its unacknowledged records after the other writer's, renumbered (a
+waiter's seq follows them); if the other writer created or deleted the
+session, they are refused instead (SessionExists, UnknownSession). What the
+listeners saw of that session is void: `reset_listeners` get its records
+as they now stand, to fold again. While this log has records of a session
+in flight, the tail's messages of it wait (`deferred`): applied after the
+ack when stored after it, read again by the rebase when stored before.
 Reading a session walks its subject with direct gets; removing one purges
 its subject (after its tombstone record was appended and acknowledged).
 
@@ -32,9 +44,7 @@ Every log tails the stream from when it opened with an ordered consumer
 publishes the stream refused): another writer's messages (a header names
 the writer) reach this log's listeners, in order, and move the session's
 seq and fence here, so that any worker can show, and append to, a session
-another one wrote. A conflict (two writers of one session at once) is
-fatal for now; the in-flight leases of issue 17 are to keep one writer a
-session.
+another one wrote.
 """
 from __future__ import annotations
 
@@ -51,14 +61,17 @@ import trio
 from .backend import RecordListener
 from .commit import Appended
 from .errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, UnknownSession
-from .events import Event, SessionDeleted
+from .events import Event, SessionCreated, SessionDeleted
 from .ids import validate_session_id
 from .log import scan
-from .record import Record, encode_record
+from .record import Record, decode_record, encode_record
 
 T = TypeVar("T")
 # The header naming a message's writer (a log: a worker's connection).
 WRITER_HEADER = "Sessionlog-Writer"
+# JetStream's error codes for a failed expected-last-subject-sequence check
+# (JSStreamWrongLastSequenceErrF, and the constant form 2.11+ answers).
+WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
 class AsyncioThread:
@@ -134,7 +147,8 @@ def _unanswered(error: BaseException) -> bool:
 
 
 class _Session:
-    __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born")
+    __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
+                 "renumber", "refused")
 
     def __init__(self) -> None:
         # Names this incarnation of the id in message ids: a session deleted and
@@ -145,6 +159,19 @@ class _Session:
         self.stream_seq = 0    # the stream sequence of the session's last message (the fence)
         self.end = 0           # bytes of the session's lines so far (as a log file would hold)
         self.deleted = False
+        # Other writers' messages the tail brought while this log had records of
+        # the session not yet acknowledged: (data, stream seq), applied after
+        # the ack, or read again by a rebase.
+        self.deferred: list[tuple[bytes, int]] = []
+        # After a conflict the session is a new _Session: waiters on this one
+        # follow `moved_to`, their seqs renumbered, or get `refused`.
+        self.moved_to: _Session | None = None
+        self.renumber: dict[int, int] = {}
+        self.refused: BaseException | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.last_seq > self.durable_seq
 
 
 class JetStreamLog:
@@ -155,6 +182,12 @@ class JetStreamLog:
         self.retry_for = retry_for
         self.retries = 0  # publishes sent again after no answer (a leader election: a metric)
         self.listeners: list[RecordListener] = []
+        # Told (session id, its records as the stream now holds them plus this
+        # log's rebased ones, their end) after a conflict: what the listeners
+        # saw of the session is void; projections fold it again from these.
+        # An empty list: the session is gone (deleted by another writer).
+        self.reset_listeners: list[Callable[[str, list[Record], int], None]] = []
+        self.conflicts = 0  # publishes refused for another writer's (rebased: a metric)
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._sessions: dict[str, _Session] = {}
         self._filling: dict[str, list[tuple[int, bytes]]] = {}
@@ -240,10 +273,8 @@ class JetStreamLog:
         out = self._add(session_id, sess, events)
         try:
             await self.wait_durable(session_id, sess.last_seq)
-        except StoreBroken as e:
-            if getattr(e.__cause__, "err_code", None) in (10071, 10164):
-                raise SessionExists(f"session {session_id!r} already exists on {subject}") from None
-            raise
+        except SessionExists:
+            raise SessionExists(f"session {session_id!r} already exists on {subject}") from None
         return out
 
     async def append_many(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
@@ -261,7 +292,15 @@ class JetStreamLog:
         sess = self._sessions.get(session_id)
         if sess is None:
             raise UnknownSession(session_id)
-        while sess.durable_seq < seq:
+        while True:
+            while sess.moved_to is not None:  # rebased after a conflict
+                if sess.refused is not None:
+                    raise sess.refused
+                seq, sess = sess.renumber.get(seq, seq), sess.moved_to
+            if sess.refused is not None:
+                raise sess.refused
+            if sess.durable_seq >= seq:
+                return
             self._check_open()
             await self._durable.wait()
 
@@ -307,16 +346,71 @@ class JetStreamLog:
                 acks = await self._bridge.run(publish_all)
             except Exception as e:  # the crossing itself failed
                 acks = [e] * len(batch)
-            failed = next((a for a in acks if isinstance(a, BaseException)), None)
+            failed = next((a for a in acks if isinstance(a, BaseException)
+                           and getattr(a, "err_code", None) not in WRONG_LAST_SEQUENCE), None)
             if failed is not None:
                 self._fail(failed)
                 continue
+            conflicted = []
             for (sid, items), ack in zip(batch.items(), acks):
                 sess = self._sessions[sid]
-                sess.stream_seq = ack.seq
+                if isinstance(ack, BaseException):
+                    conflicted.append((sid, items))
+                    continue
+                sess.stream_seq = max(sess.stream_seq, ack.seq)
                 sess.durable_seq = max(sess.durable_seq, items[-1][0])
+                if sess.deferred and not sess.pending:  # others' messages stored after this one
+                    deferred, sess.deferred = sess.deferred, []
+                    for data, stream_seq in deferred:
+                        self._take_foreign(self.subject(sid), data, stream_seq)
             self._durable.set()
             self._durable = trio.Event()
+            for sid, items in conflicted:
+                try:
+                    await self._rebase(sid, items)
+                except Exception as e:  # noqa: BLE001 - the stream could not be read: as a failed write
+                    self._fail(e)
+                    break
+
+    async def _rebase(self, session_id: str, refused: list[tuple[int, bytes]]) -> None:
+        """Another writer appended to the session since this log's last
+        message of it (the fence refused ours): read the session again and
+        put this log's unacknowledged records after the other's, renumbered
+        (waiters follow), or refuse them if the other writer created or
+        deleted the session. The reset listeners fold it again."""
+        self.conflicts += 1
+        old = self._sessions[session_id]
+        data, last = await self._messages(session_id)
+        records = scan(session_id, data).records
+        pending = refused + self._filling.pop(session_id, [])
+        new = self._sessions[session_id] = _Session()
+        new.born = old.born
+        new.stream_seq, new.end = last, len(data)
+        new.last_seq = new.durable_seq = records[-1].seq if records else 0
+        old.moved_to = new
+        new.deferred = [d for d in old.deferred if d[1] > last]  # the tail's, after the read
+        gone = not records or isinstance(records[-1].event, SessionDeleted)
+        if gone or isinstance(decode_record(pending[0][1]).event, SessionCreated):
+            old.refused = (UnknownSession(session_id) if gone else
+                           SessionExists(f"session {session_id!r} was created by another writer"))
+            if gone:
+                new.deleted = True
+                records = []
+        else:
+            rebased = self._filling.setdefault(session_id, [])
+            for old_seq, line in pending:
+                rec = decode_record(line)
+                new.last_seq += 1
+                line = encode_record(new.last_seq, rec.ts, rec.event)
+                new.end += len(line)
+                old.renumber[old_seq] = new.last_seq
+                rebased.append((new.last_seq, line))
+                records.append(Record(new.last_seq, rec.ts, rec.event))
+            self._wake.set()
+        for listener in self.reset_listeners:
+            listener(session_id, records, new.end)
+        self._durable.set()
+        self._durable = trio.Event()
 
     # -- the tail: other writers' records -------------------------------------
 
@@ -325,10 +419,17 @@ class JetStreamLog:
         self.tail_position = max(self.tail_position, stream_seq)
         sid = subject[len(self.prefix) + 1:]
         sess = self._sessions.get(sid)
+        if sess is not None and stream_seq <= sess.stream_seq:
+            return  # read already (by a rebase or an adopt)
+        if sess is not None and sess.pending:
+            # its seqs may be the ones this log gave its own records: after the
+            # ack (stored after ours), or read again by the rebase (before)
+            sess.deferred.append((data, stream_seq))
+            return
         if sess is None or sess.deleted:
             sess = self._sessions[sid] = _Session()
         sess.end += len(data)
-        sess.stream_seq = max(sess.stream_seq, stream_seq)
+        sess.stream_seq = stream_seq
         for rec in scan(sid, data).records:
             if rec.seq <= sess.last_seq:
                 continue  # known already
