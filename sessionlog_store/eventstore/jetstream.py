@@ -59,11 +59,11 @@ from typing import Any, TypeVar
 import trio
 
 from .backend import RecordListener
-from .commit import Appended
+from .commit import Appended, CommitStatistics
 from .errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, UnknownSession
 from .events import Event, SessionCreated, SessionDeleted
 from .ids import validate_session_id
-from .log import scan
+from .log import scan, with_ends
 from .record import Record, decode_record, encode_record
 
 T = TypeVar("T")
@@ -188,6 +188,16 @@ class JetStreamLog:
         # An empty list: the session is gone (deleted by another writer).
         self.reset_listeners: list[Callable[[str, list[Record], int], None]] = []
         self.conflicts = 0  # publishes refused for another writer's (rebased: a metric)
+        # As EventStore's: after the listeners saw one append's records (session id);
+        # after each durable batch (records, perf_counter() of its first record, of its ack).
+        self.append_listeners: list[Callable[[str], None]] = []
+        self.batch_listeners: list[Callable[[int, float, float], None]] = []
+        # After the listeners saw one message of another writer (session id, its records).
+        self.remote_listeners: list[Callable[[str, list[Record]], None]] = []
+        self.journal = None  # (no write-ahead journal: the stream is the log)
+        self._stats = [0, 0, 0, 0]  # batches, records, largest batch, messages published
+        self.bytes_appended = 0
+        self._opened = 0.0  # perf_counter() of the filling batch's first record
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._sessions: dict[str, _Session] = {}
         self._filling: dict[str, list[tuple[int, bytes]]] = {}
@@ -249,6 +259,8 @@ class JetStreamLog:
     def _add(self, session_id: str, sess: _Session, events: Sequence[Event]) -> list[Appended]:
         ts = time.time()
         out = []
+        if not self._filling:
+            self._opened = time.perf_counter()
         pending = self._filling.setdefault(session_id, [])
         for ev in events:
             sess.last_seq += 1
@@ -259,6 +271,8 @@ class JetStreamLog:
             for listener in self.listeners:
                 listener(session_id, rec, sess.end)
             out.append(Appended(rec, sess.end))
+        for al in self.append_listeners:
+            al(session_id)
         self._wake.set()
         return out
 
@@ -315,6 +329,7 @@ class JetStreamLog:
             await self._wake.wait()
             self._wake = trio.Event()
             batch, self._filling = self._filling, {}
+            opened = self._opened
             if not batch or self._broken is not None:
                 continue
             fences = {sid: self._sessions[sid].stream_seq for sid in batch}
@@ -363,6 +378,14 @@ class JetStreamLog:
                     deferred, sess.deferred = sess.deferred, []
                     for data, stream_seq in deferred:
                         self._take_foreign(self.subject(sid), data, stream_seq)
+            refused = {sid for sid, _ in conflicted}
+            records = sum(len(items) for sid, items in batch.items() if sid not in refused)
+            st = self._stats
+            st[0], st[1], st[2], st[3] = st[0] + 1, st[1] + records, max(st[2], records), st[3] + len(batch)
+            self.bytes_appended += sum(len(m[1]) for m in messages)
+            now = time.perf_counter()
+            for bl in self.batch_listeners:
+                bl(records, opened, now)
             self._durable.set()
             self._durable = trio.Event()
             for sid, items in conflicted:
@@ -428,16 +451,21 @@ class JetStreamLog:
             return
         if sess is None or sess.deleted:
             sess = self._sessions[sid] = _Session()
-        sess.end += len(data)
         sess.stream_seq = stream_seq
-        for rec in scan(sid, data).records:
+        taken = []
+        for rec, end in with_ends(scan(sid, data).records, data, sess.end):
             if rec.seq <= sess.last_seq:
                 continue  # known already
             sess.last_seq = sess.durable_seq = rec.seq
             for listener in self.listeners:
-                listener(sid, rec, sess.end)
+                listener(sid, rec, end)
+            taken.append(rec)
             if isinstance(rec.event, SessionDeleted):
                 sess.deleted = True
+        sess.end += len(data)
+        if taken:
+            for rl in self.remote_listeners:
+                rl(sid, taken)
         self._durable.set()
         self._durable = trio.Event()
 
@@ -446,29 +474,62 @@ class JetStreamLog:
         returning once every message there was at the start has reached the
         listeners (what a worker's start does: its registry from the stream)."""
         token = trio.lowlevel.current_trio_token()
-        js, worker = self._js, self.worker
+        js, worker, stream = self._js, self.worker, self.stream
+        delivered = [0]  # messages the tail got (on the asyncio thread)
 
-        async def subscribe() -> Any:
+        async def subscribe() -> tuple[Any, int]:
             from nats.js.api import DeliverPolicy
+            at_start = int((await js.stream_info(stream)).state.messages or 0) if replay else 0
 
             async def on_message(msg: Any) -> None:
+                delivered[0] += 1
                 if (msg.headers or {}).get(WRITER_HEADER) == worker:
                     return
                 token.run_sync_soon(self._take_foreign, msg.subject, msg.data or b"", msg.metadata.sequence.stream)
-            return await js.subscribe(f"{self.prefix}.>", stream=self.stream, cb=on_message,
-                                      ordered_consumer=True,
-                                      deliver_policy=DeliverPolicy.ALL if replay else DeliverPolicy.NEW)
-        self._tail_sub = await self._bridge.run(subscribe)
+            sub = await js.subscribe(f"{self.prefix}.>", stream=stream, cb=on_message, ordered_consumer=True,
+                                     deliver_policy=DeliverPolicy.ALL if replay else DeliverPolicy.NEW)
+            return sub, at_start
+        self._tail_sub, at_start = await self._bridge.run(subscribe)
         sub = self._tail_sub
-        while replay:  # caught up: nothing pending on the server, all delivered taken here
-
+        while replay:
+            # Caught up: nothing pending on the server, and as many messages
+            # delivered as the stream held (none, after purges, for a stream
+            # whose sequence is far on). Their _take_foreign calls were queued
+            # before the crossing's own wake-up: all have run when it returns.
             async def progress() -> tuple[int, int]:
                 info = await sub.consumer_info()
-                return int(info.num_pending or 0), int(info.delivered.stream_seq or 0)
-            pending, delivered = await self._bridge.run(progress)
-            if pending == 0 and self.tail_position >= delivered:
+                return int(info.num_pending or 0), delivered[0]
+            pending, got = await self._bridge.run(progress)
+            if pending == 0 and got >= at_start:
                 return
             await trio.sleep(0.02)
+
+    # -- what the session store asks of a backend besides the contract -------
+
+    def durable_end(self, session_id: str) -> int:
+        """The length of the session's lines so far, as its log file would be."""
+        return self._session(session_id).end
+
+    def written_seq(self, session_id: str) -> int:
+        return self._session(session_id).durable_seq
+
+    def unwritten(self, session_id: str) -> bytes:
+        return b""  # (acknowledged is on the stream: nothing waits in a journal)
+
+    def quarantine(self, session_id: str, corrupt: CorruptRecord) -> None:
+        raise StoreBroken(f"{corrupt}: a stream's messages are not repaired here")
+
+    def statistics(self) -> CommitStatistics:
+        b, r, largest, published = self._stats
+        waiting = sum(1 for s in self._sessions.values() if s.pending)
+        return CommitStatistics(b, r, largest, published, waiting, "jetstream")
+
+    async def log_bytes(self, session_id: str) -> bytes:
+        """The session's lines, acknowledged ones, as its log file would hold them."""
+        self._session(session_id)
+        await self.flush()
+        data, _ = await self._messages(session_id)
+        return data
 
     # -- reads and removal --------------------------------------------------
 

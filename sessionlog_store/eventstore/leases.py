@@ -113,12 +113,10 @@ class Leases:
         (once, whoever else sweeps). Returns the replies this sweep finalized."""
         kv, run, skew = self.kv, self.log._bridge.run, self.skew
 
+        keys = await self.keys()
+
         async def expired() -> list[tuple[str, int]]:
-            from nats.js.errors import KeyNotFoundError, NoKeysError
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                return []
+            from nats.js.errors import KeyNotFoundError
             out = []
             for key in keys:
                 try:
@@ -139,15 +137,36 @@ class Leases:
                 raise
             session_id, msg_id = key.split(".", 1)
             try:
-                records = await self.log.adopt(session_id)
-            except UnknownSession:  # the session went (deleted): nothing to finalize
-                records = None
-            if records is None:
+                if await self.finalize_orphan(session_id, msg_id):
+                    done.append((session_id, msg_id))
+            finally:
                 await run(lambda: kv.delete(key, last=mine))
-                continue
-            if not any(isinstance(r.event, MessageFinalized) and r.event.msg_id == msg_id for r in records):
-                await self.log.append_many(session_id, [MessageFinalized(msg_id=msg_id, status="aborted",
-                                                                         aborted_reason=REASON)])
-                done.append((session_id, msg_id))
-            await run(lambda: kv.delete(key, last=mine))
         return done
+
+    async def finalize_orphan(self, session_id: str, msg_id: str) -> bool:
+        """With the reply's lease taken: append its finalize `aborted` REASON,
+        unless the stream has one (or the session is gone). True if appended."""
+        try:
+            records = await self.log.adopt(session_id)
+        except UnknownSession:  # the session went (deleted): nothing to finalize
+            return False
+        if any(isinstance(r.event, MessageFinalized) and r.event.msg_id == msg_id for r in records):
+            return False
+        try:
+            await self.log.append_many(session_id, [MessageFinalized(msg_id=msg_id, status="aborted",
+                                                                     aborted_reason=REASON)])
+        except UnknownSession:  # deleted meanwhile (by another worker)
+            return False
+        return True
+
+    async def keys(self) -> list[str]:
+        """Every lease's key, any worker's."""
+        kv = self.kv
+
+        async def keys() -> list[str]:
+            from nats.js.errors import NoKeysError
+            try:
+                return list(await kv.keys())
+            except NoKeysError:
+                return []
+        return await self.log._bridge.run(keys)

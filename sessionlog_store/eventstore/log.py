@@ -30,6 +30,7 @@ A seq that does not follow its predecessor is damage too.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Final, NamedTuple
 
 from .errors import CorruptRecord, TornTail
@@ -173,3 +174,12 @@ def session_folders(fs: FileOps, root: str) -> tuple[list[str], list[str]]:
         if is_valid_session_id(name):
             (with_log if fs.exists(os.path.join(base, name, LOG_NAME)) else without).append(name)
     return with_log, without
+
+
+def with_ends(records: list[Record], data: bytes, base: int) -> Iterator[tuple[Record, int]]:
+    """Pair each record of a scan of `data` (lines from byte `base` of a log)
+    with the offset just past its line."""
+    pos = 0
+    for rec in records:
+        pos = data.index(b"\n", pos) + 1
+        yield rec, base + pos

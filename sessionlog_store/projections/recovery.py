@@ -52,7 +52,8 @@ from sessionlog_store.eventstore.events import SessionDeleted
 from sessionlog_store.eventstore.fsio import FileOps
 from sessionlog_store.eventstore.journal import JournalRecovery, apply_journal
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.eventstore.log import LOG_NAME, log_path, read_log, repair_torn_tail, scan, session_dir, session_folders
+from sessionlog_store.eventstore.log import (LOG_NAME, log_path, read_log, repair_torn_tail, scan, session_dir,
+                                             session_folders, with_ends)
 
 from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, IndexCheckpoint, index_path, read_index, read_snapshot,
                          snapshot_path)
@@ -285,7 +286,7 @@ def load_session_state(fs: FileOps, root: str, sid: str, *, use_snapshot: bool =
         s = scan(sid, data, base_offset=snap.end, expect_seq=snap.seq + 1)
         if fits and s.corrupt is None and not (s.torn_bytes and not s.records):
             state = snap.to_state()
-            for rec, end in _with_ends(s.records, data, snap.end):
+            for rec, end in with_ends(s.records, data, snap.end):
                 state.apply(rec, end)
             return state, True
     data = read_log(fs, root, sid)
@@ -297,16 +298,9 @@ def fold_until(records: list[Record], data: bytes, seq: int, *, base: int = 0) -
     """A session's state as of `seq`, folded from a scan of `data` (a log, or its
     tail from byte `base`), each record paired with the offset just past it."""
     state = SessionState()
-    for rec, end in _with_ends(records, data, base):
+    for rec, end in with_ends(records, data, base):
         if rec.seq > seq:
             break
         state.apply(rec, end)
     return state
 
-
-def _with_ends(records, data: bytes, base: int):
-    """Pair each record with the offset just past its line."""
-    pos = 0
-    for rec in records:
-        pos = data.index(b"\n", pos) + 1
-        yield rec, base + pos

@@ -15,7 +15,7 @@ import trio
 
 from sessionlog_store.eventstore import EventStoreError, new_session_id
 from sessionlog_store.eventstore.events import Event, HeadMoved, MessageCreated, MessageFinalized, SessionFlags
-from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.eventstore.log import scan
 from sessionlog_store.projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
 from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.projections.session import MessageSnapshot, SessionState
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sessionlog_store.eventstore import Appended, EventStore, FileOps
     from sessionlog_store.projections.registry import Registry
     from sessionlog_store.server.domain.inflight import ThrottledSaver
+    from sessionlog_store.server.domain.scaleout import Worker
     from sessionlog_store.server.domain.subscriptions import SubscriptionHub
 
 log = logging.getLogger("sessionlog.store")
@@ -45,8 +46,10 @@ class Replies:
     saver: ThrottledSaver
     hub: SubscriptionHub
     shutting_down: bool
+    worker: Worker | None
 
     if TYPE_CHECKING:
+        async def _log_bytes(self, session_id: str) -> bytes: ...
         async def load_session(self, session_id: str) -> SessionState: ...
         async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
         async def _flush_for_read(self) -> None: ...
@@ -92,8 +95,16 @@ class Replies:
             events.append(SessionFlags(status="running"))
         msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent, caller,
                               placeholder.started_at or 0.0)
-        with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
-            appended = await self.append_events(session_id, *events)
+        if self.worker is not None:  # the reply's lease first: a running reply always has one
+            await self.worker.reply_starting(session_id, msg_id)
+        try:
+            with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
+                appended = await self.append_events(session_id, *events)
+        except BaseException:
+            if self.worker is not None:
+                with trio.CancelScope(shield=True):
+                    await self.worker.reply_ended(session_id, msg_id)
+            raise
         if moves_head:
             self._notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
         # Live (stoppable, watched) only once its placeholder is durable.
@@ -135,6 +146,8 @@ class Replies:
         if meta is not None and set(meta.open_msgs) <= {msg.msg_id} and meta.status == "running":
             events.append(SessionFlags(status="idle"))
         await self.append_events(msg.session_id, *events)
+        if self.worker is not None:
+            await self.worker.reply_ended(msg.session_id, msg.msg_id)
         if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
             self._after_reply(msg.session_id)
 
@@ -161,6 +174,22 @@ class Replies:
             return False
         msg.abort_reason = "stopped by user"
         msg.scope.cancel()
+        return True
+
+    async def stop_anywhere(self, session_id: str, msg_id: str) -> bool:
+        """`stop`, or, on a shared stream, a reply another worker streams:
+        its finalize `aborted` "stopped by user" is written here, and that
+        worker's producer ends when its tail brings it (scaleout.py).
+        False when the message is not running."""
+        if self.stop(session_id, msg_id):
+            return True
+        meta = self.registry.get(session_id)
+        if self.worker is None or meta is None or msg_id not in meta.open_msgs:
+            return False
+        events: list[Event] = [MessageFinalized(msg_id=msg_id, status="aborted", aborted_reason="stopped by user")]
+        if set(meta.open_msgs) == {msg_id} and meta.status == "running":
+            events.append(SessionFlags(status="idle"))
+        await self.append_events(session_id, *events)
         return True
 
     async def _message(self, session_id: str, msg_id: str) -> tuple[SessionState, MessageSnapshot]:
@@ -242,11 +271,7 @@ class Replies:
 
     async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
         """How long the message's content was as of `seq` (read from the log)."""
-        await self._flush_for_read()
-        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
-        extra = self.es.unwritten(session_id)
-        if extra:  # a failed log write: what only the journal holds follows the written part
-            data = data[:self.es.durable_end(session_id)] + extra
+        data = await self._log_bytes(session_id)
         state = fold_until(scan(session_id, data).records, data, seq)
         m = state.messages.get(msg_id)
         return len(m.content) if m is not None else 0

@@ -16,6 +16,7 @@ from sessionlog_store.projections.maintenance import MaintenancePlan, plan_maint
 from sessionlog_store.projections.recovery import check_prefix, recover_registry
 
 if TYPE_CHECKING:
+    from sessionlog_store.server.domain.scaleout import Worker
     from sessionlog_store.server.domain.store import SessionStore
 
 log = logging.getLogger("sessionlog.store")
@@ -86,6 +87,18 @@ async def start(store: SessionStore) -> None:
              "%d replies aborted, in %.2f s", len(store.registry), r.records, r.full_replays, r.tail_replays,
              len(r.torn), len(r.quarantined), r.journal.records, len(store.removed_at_start),
              len(store.aborted_at_start), r.seconds)
+
+
+async def start_worker(store: SessionStore, worker: Worker) -> None:
+    """A worker on a shared stream: the registry came from the stream's
+    replay; the projects are this worker's (its data root); the sweeper,
+    not the start, aborts the replies of dead workers (scaleout.py)."""
+    t0 = time.monotonic()
+    await trio.to_thread.run_sync(store.projects.load_sync)
+    es = worker.es
+    log.info("started worker %s on stream %s (%s): %d sessions from the stream, %d projects here, in %.2f s",
+             es.worker, es.stream, ", ".join(store.config.backend), len(store.registry),
+             len(store.projects.list()) - 1, time.monotonic() - t0)
 
 
 class PrefixCheck:

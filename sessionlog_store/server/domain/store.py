@@ -32,7 +32,8 @@ from sessionlog_store.eventstore.events import (Event, MessageCreated, MessageFi
                                                 SessionFlags, SessionRenamed)
 from sessionlog_store.eventstore.record import decode_record
 from sessionlog_store.projections.maintenance import MaintenanceConfig
-from sessionlog_store.projections.recovery import RecoveryReport, load_session_state
+from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.projections.recovery import RecoveryReport, fold_until, load_session_state
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
 from sessionlog_store.server.domain.caches import Caches
@@ -42,7 +43,8 @@ from sessionlog_store.server.domain.fields import FLAG_FIELDS, TITLE_FIELDS, Upd
 from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, ThrottledSaver
 from sessionlog_store.server.domain.projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from sessionlog_store.server.domain.replies import Replies
-from sessionlog_store.server.domain.startup import PrefixCheck, start
+from sessionlog_store.server.domain.scaleout import Worker, open_worker_log
+from sessionlog_store.server.domain.startup import PrefixCheck, start, start_worker
 from sessionlog_store.server.domain.subscriptions import MsgUpdate, SubscriptionHub
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
 
@@ -74,6 +76,13 @@ class StoreConfig:
     # After startup, check in the background the part of each log that the
     # checkpoint let startup skip (damage there quarantines the session).
     check_after_start: bool = True
+    # The event log: () the local JSONL logs under the root; NATS server URLs:
+    # a JetStream stream shared with other workers (docs/SCALEOUT.md).
+    backend: tuple[str, ...] = ()
+    stream: str = "SESSIONLOG"
+    subject_prefix: str = "sl.s"
+    replicas: int = 3
+    lease_ttl: float = 15.0
 
 
 Watcher = Callable[[str, dict[str, Any]], None]  # (kind, data)
@@ -88,6 +97,7 @@ class SessionStore(Replies):
                  titler: TitleGenerator) -> None:
         self.root = root
         self.es = es
+        self.worker: Worker | None = None  # on a shared stream (scaleout.py)
         self.fs = fs
         self.config = config
         self.titler = titler
@@ -254,10 +264,7 @@ class SessionStore(Replies):
         done = self._load_done[session_id] = trio.Event()
         buf = self._loading[session_id] = []
         try:
-            await self._flush_for_read()
-            loaded, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
-            state = loaded
-            self._add_unwritten(session_id, state)
+            state = await self._read_state(session_id)
             for rec, end in buf:
                 if rec.seq > state.seq:
                     state.apply(rec, end)
@@ -267,11 +274,40 @@ class SessionStore(Replies):
             done.set()
         if session_id not in self.registry:
             raise NotFound("unknown_session", f"session {session_id!r} was deleted")
+        if self.worker is not None and self.worker.reload_needed(session_id):
+            return await self.load_session(session_id)  # another worker's write rebased it meanwhile
         if state.meta is None:  # quarantined without a readable meta: what the registry knows
             state.meta = self.registry.get(session_id)
         self._states[session_id] = state
         self._evict_states()
         return state
+
+    async def _read_state(self, session_id: str) -> SessionState:
+        """A session's state as its log (or the stream) holds it."""
+        if self.worker is not None:
+            data = await self._log_bytes(session_id)
+            records = scan(session_id, data).records
+            return fold_until(records, data, records[-1].seq if records else 0)
+        await self._flush_for_read()
+        state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
+        self._add_unwritten(session_id, state)
+        return state
+
+    async def _log_bytes(self, session_id: str) -> bytes:
+        """The session's log as it stands, acknowledged records included."""
+        if self.worker is not None:
+            return await self.worker.es.log_bytes(session_id)
+        await self._flush_for_read()
+        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
+        extra = self.es.unwritten(session_id)
+        if extra:  # a failed log write: what only the journal holds follows the written part
+            data = data[:self.es.durable_end(session_id)] + extra
+        return data
+
+    def _nursery_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` in the store's nursery (dropped once it is closed)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
 
     def _add_unwritten(self, session_id: str, state: SessionState) -> None:
         """After a failed log write, acknowledged records that only the journal
@@ -597,7 +633,8 @@ class SessionStore(Replies):
         if self.es.broken is not None:
             return
         await self.abort_running("server shutdown")
-        await self.caches.at_stop()
+        if self.worker is None:
+            await self.caches.at_stop()
 
 
 @asynccontextmanager
@@ -608,28 +645,50 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
     and a normal or cancelled exit shuts down gracefully."""
     config = config or StoreConfig()
     root = os.path.abspath(root)
+    if config.backend:
+        async with open_worker_log(config) as (stream, registry, leases):
+            store = SessionStore(root, stream, fs, config, titler or KeywordTitler())  # type: ignore[arg-type]
+            store.registry = registry
+            store.worker = worker = Worker(store, stream, leases)
+            await start_worker(store, worker)
+            async with _running(store, worker) as running:
+                yield running
+        return
     async with open_event_store(root, fs=fs, sync_mode=config.sync_mode,
                                 journal_sync_interval=config.journal_sync_interval) as es:
         store = SessionStore(root, es, fs, config, titler or KeywordTitler())
         await start(store)
-        try:
-            async with trio.open_nursery() as nursery:
-                store._nursery = nursery
-                nursery.start_soon(store.saver.run)
+        async with _running(store) as running:
+            yield running
+
+
+@asynccontextmanager
+async def _running(store: SessionStore, worker: Worker | None = None) -> AsyncIterator[SessionStore]:
+    """The store's background work, and its graceful stop."""
+    es = store.es
+    try:
+        async with trio.open_nursery() as nursery:
+            store._nursery = nursery
+            nursery.start_soon(store.saver.run)
+            if worker is None:
                 nursery.start_soon(store.caches.index_loop)
                 nursery.start_soon(store.caches.snapshot_loop)
                 nursery.start_soon(store.prefix_check.run)
-                try:
-                    yield store
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await store._shutdown()
-                        await trio.lowlevel.checkpoint()  # let durable terminal updates go out first
-                    # Every subscription ends with a terminal update, even when
-                    # its message gets none here.
-                    store.hub.end(None, "store failure" if es.broken is not None else "server shutdown")
-                    nursery.cancel_scope.cancel()
-        finally:
-            store._nursery = None
+            else:  # (the stream is the only copy a start reads: no local caches)
+                store.prefix_check.done.set()
+                nursery.start_soon(worker.renew_loop)
+                nursery.start_soon(worker.sweep_loop)
+            try:
+                yield store
+            finally:
+                with trio.CancelScope(shield=True):
+                    await store._shutdown()
+                    await trio.lowlevel.checkpoint()  # let durable terminal updates go out first
+                # Every subscription ends with a terminal update, even when
+                # its message gets none here.
+                store.hub.end(None, "store failure" if es.broken is not None else "server shutdown")
+                nursery.cancel_scope.cancel()
+    finally:
+        store._nursery = None
 
 

@@ -327,7 +327,7 @@ class Connection:
                 self.reply("ok", {"action": "unsubscribe_msg", "subscribed": False}, rid)
             case p.Stop(session_id=sid, msg_id=mid):
                 self.own(sid)
-                if not store.stop(sid, mid):
+                if not await store.stop_anywhere(sid, mid):
                     raise ServiceError("not_running", f"message {mid} is not running")
                 self.reply("ok", {"action": "stop", "msg_id": mid}, rid)
             case p.Retry(session_id=sid, msg_id=mid):

@@ -1,0 +1,211 @@
+"""A worker on a shared stream (issue 17): what a session store does when
+its event log is a NATS JetStream stream that other `sessionlog serve`
+workers write too (docs/SCALEOUT.md).
+
+- Start: the registry is folded from the whole stream (an ordered consumer
+  replays it); there is no local recovery, checkpoint or abort sweep of
+  everything open: other workers' replies are alive.
+- Other workers' records reach the store's listeners through the log's
+  tail; `on_remote` tells this worker's clients what they changed (a
+  session made, updated or deleted elsewhere) and ends a producer here
+  whose reply another worker finalized (a stop sent to that worker).
+- A conflict (two workers appending to one session at once) is rebased by
+  the log; `on_reset` folds the session's row again and drops its loaded
+  state (it is read again from the stream on the next load).
+- In-flight ownership: each reply streamed here holds a lease
+  (eventstore/leases.py), taken before its placeholder is written, renewed
+  every third of its time to live, released after its finalize. A lease
+  that cannot be renewed (another worker took it) ends the reply here
+  without a finalize: the taker writes it. The sweeper finalizes every
+  reply whose lease expired (its worker died) `aborted` "worker restart",
+  exactly once across workers; and a running reply that has no lease on
+  two sweeps in a row (left by a worker that died between its finalize and
+  the tail, or copied in by `migrate`) is taken with a lease first.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from sessionlog_store.eventstore.events import MessageFinalized, SessionCreated, SessionDeleted
+from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
+from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease_key
+from sessionlog_store.eventstore.record import Record
+from sessionlog_store.projections.registry import Registry
+
+if TYPE_CHECKING:
+    from sessionlog_store.server.domain.store import SessionStore, StoreConfig
+
+log = logging.getLogger("sessionlog.worker")
+
+
+@asynccontextmanager
+async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamLog, Registry, Leases]]:
+    """The shared stream (created if missing) with the registry folded from
+    it, and the lease bucket."""
+    registry = Registry()
+    async with open_jetstream_log(list(config.backend), stream=config.stream, prefix=config.subject_prefix,
+                                  replicas=config.replicas, replay=True, listeners=[registry.apply]) as es:
+        es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
+        leases = await Leases.open(es, ttl=config.lease_ttl, replicas=config.replicas)
+        yield es, registry, leases
+
+
+class Worker:
+    """The store's side of sharing the stream (see the module's header)."""
+
+    def __init__(self, store: SessionStore, es: JetStreamLog, leases: Leases) -> None:
+        self.store, self.es, self.leases = store, es, leases
+        self.swept: list[tuple[str, str]] = []   # replies this worker's sweeper finalized
+        self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
+        self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
+        self._reset_loading: set[str] = set()
+        es.remote_listeners.append(self.on_remote)
+        es.reset_listeners.append(self.on_reset)
+
+    # -- other workers' records ---------------------------------------------
+
+    def on_remote(self, sid: str, records: list[Record]) -> None:
+        store = self.store
+        before = store._row_before.pop(sid, None)
+        kinds = {type(r.event) for r in records}
+        for rec in records:
+            ev = rec.event
+            if isinstance(ev, MessageFinalized):
+                self._finished_elsewhere(sid, ev)
+        if SessionDeleted in kinds:
+            self._gone(sid, before.owner if before is not None else "")
+        elif SessionCreated in kinds:
+            if sid in store.registry:
+                store._notify("session_created", {"session": store.get_row(sid)})
+        elif before is not None:
+            store._row_before[sid] = before
+            store._after_append(sid)
+
+    def _finished_elsewhere(self, sid: str, ev: MessageFinalized) -> None:
+        """Another worker finalized a reply produced here (a user's stop sent
+        there): the producer ends, and writes no finalize of its own."""
+        msg = self.store.saver.active.get((sid, ev.msg_id))
+        if msg is None or msg.finished:
+            return
+        msg.finished = True
+        self.store.saver.end(msg)
+        msg.abort_reason = ev.aborted_reason or ev.status
+        msg.scope.cancel()
+        self.store._nursery_soon(self.leases.release, sid, ev.msg_id)
+
+    def _gone(self, sid: str, owner: str) -> None:
+        store = self.store
+        for (s, _), msg in list(store.saver.active.items()):
+            if s == sid:
+                msg.finished = True
+                store.saver.end(msg)
+                msg.abort_reason = "session deleted"
+                msg.scope.cancel()
+        store._states.pop(sid, None)
+        store.hub.end(sid, "session deleted")
+        store._notify("session_deleted", {"session_id": sid}, owner)
+
+    def on_reset(self, sid: str, records: list[Record], end: int) -> None:
+        """A conflict rebased the session: its row and state fold again."""
+        store = self.store
+        store._row_before.pop(sid, None)
+        old = store.registry.get(sid)
+        store.registry.put(None, sid)
+        for rec in records:
+            store.registry.apply(sid, rec, end)
+        store._states.pop(sid, None)
+        if sid in store._loading:
+            self._reset_loading.add(sid)
+        new = store.registry.get(sid)
+        if new is None:
+            if old is not None:
+                self._gone(sid, old.owner)
+        elif old is None:
+            store._notify("session_created", {"session": store.get_row(sid)})
+        else:
+            changed = store._row_changes(old, new)
+            if changed:
+                store._notify("session_updated", {"id": sid, **changed})
+
+    def reload_needed(self, sid: str) -> bool:
+        """A reset came while the session was being loaded: load it again."""
+        if sid in self._reset_loading:
+            self._reset_loading.discard(sid)
+            return True
+        return False
+
+    # -- leases -------------------------------------------------------------
+
+    async def reply_starting(self, sid: str, msg_id: str) -> None:
+        await self.leases.acquire(sid, msg_id)
+
+    async def reply_ended(self, sid: str, msg_id: str) -> None:
+        try:
+            await self.leases.release(sid, msg_id)
+        except Exception as e:  # noqa: BLE001 - it expires; a sweeper finds the finalize and drops it
+            log.warning("could not release the lease of reply %s: %s", lease_key(sid, msg_id), e)
+
+    async def renew_loop(self) -> None:
+        while True:
+            await trio.sleep(self.leases.ttl / 3)
+            for (sid, msg_id), msg in list(self.store.saver.active.items()):
+                if msg.finished:
+                    continue
+                try:
+                    held = await self.leases.renew(sid, msg_id)
+                except Exception as e:  # noqa: BLE001 - a leader election: the next round tries again
+                    log.warning("could not renew the lease of reply %s: %s", lease_key(sid, msg_id), e)
+                    continue
+                if not held and not msg.finished:
+                    log.error("reply %s: its lease was taken by another worker; it stops here",
+                              lease_key(sid, msg_id))
+                    msg.finished = True
+                    self.store.saver.end(msg)
+                    msg.abort_reason = "lease lost"
+                    msg.scope.cancel()
+                    self.lost.append((sid, msg_id))
+
+    async def sweep_once(self) -> list[tuple[str, str]]:
+        done = await self.leases.sweep()
+        done += await self._sweep_leaseless()
+        for sid, msg_id in done:
+            log.warning("reply %s of a dead worker finalized aborted %r", lease_key(sid, msg_id), REASON)
+        self.swept += done
+        return done
+
+    async def _sweep_leaseless(self) -> list[tuple[str, str]]:
+        keys = set(await self.leases.keys())
+        running = {(sid, m) for sid, meta in self.store.registry.rows.items() for m in meta.open_msgs
+                   if (sid, m) not in self.store.saver.active}
+        leaseless = {r for r in running if lease_key(*r) not in keys}
+        take, self._leaseless = leaseless & self._leaseless, leaseless - self._leaseless
+        done = []
+        for sid, msg_id in sorted(take):
+            try:
+                await self.leases.acquire(sid, msg_id)  # of two sweepers, one makes the entry
+            except LeaseTaken:
+                continue
+            try:
+                if await self.leases.finalize_orphan(sid, msg_id):
+                    done.append((sid, msg_id))
+            finally:
+                await self.reply_ended(sid, msg_id)
+        return done
+
+    async def sweep_loop(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except Exception as e:  # noqa: BLE001 - the stream unavailable for a moment: the next sweep
+                log.warning("lease sweep failed: %s", e)
+            await trio.sleep(self.leases.ttl / 2)
+
+    def summary(self) -> dict[str, Any]:
+        return {"worker": self.es.worker, "stream": self.es.stream, "sessions": len(self.store.registry),
+                "conflicts": self.es.conflicts, "retries": self.es.retries, "swept": len(self.swept),
+                "lost": len(self.lost)}
