@@ -62,9 +62,11 @@ def _free_ports(n: int) -> list[int]:
 class NatsCluster:
     """Three nodes, each with a client, a cluster and a monitoring port."""
 
-    def __init__(self, folder: Path, nodes: int = 3) -> None:
+    def __init__(self, folder: Path, nodes: int = 3, sync_always: bool = True) -> None:
         self.binary = nats_server_binary()
         self.folder = folder
+        # False: the servers' default (fsync every 2 minutes), for the tests of a refusal
+        self.sync = ", sync_interval: always" if sync_always else ""
         ports = _free_ports(3 * nodes)
         self.client_ports, self.route_ports, self.http_ports = ports[:nodes], ports[nodes:2 * nodes], ports[2 * nodes:]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
@@ -76,13 +78,14 @@ class NatsCluster:
     def _conf(self, i: int) -> Path:
         routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for j, p in enumerate(self.route_ports) if j != i)
         conf = self.folder / f"n{i}.conf"
+        cluster = (f"cluster {{ name: sl, listen: 127.0.0.1:{self.route_ports[i]}, routes: [{routes}] }}\n"
+                   if len(self.procs) > 1 else "")  # (one node: a plain server)
         conf.write_text(f"""
 server_name: n{i}
 listen: 127.0.0.1:{self.client_ports[i]}
 http: 127.0.0.1:{self.http_ports[i]}
-jetstream {{ store_dir: "{self.folder / f'js{i}'}", sync_interval: always }}
-cluster {{ name: sl, listen: 127.0.0.1:{self.route_ports[i]}, routes: [{routes}] }}
-""")
+jetstream {{ store_dir: "{self.folder / f'js{i}'}"{self.sync} }}
+{cluster}""")
         return conf
 
     def start(self, i: int | None = None) -> None:

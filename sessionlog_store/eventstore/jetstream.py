@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import trio
 
@@ -116,6 +116,12 @@ class AsyncioThread:
         self.loop.close()
 
 
+# A stream's config refused for good: its subjects overlap another stream's;
+# the name is in use with another config. (10005, "no suitable peers for
+# placement", is a cluster still forming: retried.)
+_CONFIG_REFUSED: Final = (10065, 10058)
+
+
 async def until_led(js: Any, stream: str, create: Callable[[], Awaitable[T]], within: float = 30.0) -> T:
     """Run `create` (an idempotent add_stream or create_key_value of
     `stream`) until the cluster has taken it and the stream has a leader: a
@@ -130,6 +136,8 @@ async def until_led(js: Any, stream: str, create: Callable[[], Awaitable[T]], wi
                 return made
             error: Exception = TimeoutError(f"stream {stream} has no leader after {within:.0f} s")
         except Exception as e:  # noqa: BLE001 - retried until the deadline, then raised
+            if getattr(e, "err_code", None) in _CONFIG_REFUSED:  # no retry mends these
+                raise
             error = e
         if time.monotonic() > deadline:
             raise error
@@ -610,8 +618,14 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
         try:
             js = nc.jetstream(timeout=timeout)
 
-            await bridge.run(lambda: until_led(js, stream, lambda: js.add_stream(
-                name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas, duplicate_window=120.0)))
+            try:
+                await bridge.run(lambda: until_led(js, stream, lambda: js.add_stream(
+                    name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas, duplicate_window=120.0)))
+            except Exception as e:
+                if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
+                    raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
+                                      "on the NATS servers; choose another stream name") from None
+                raise
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for)
             log.listeners.extend(listeners)
             with trio.fail_after(max(60.0, 6 * timeout)):

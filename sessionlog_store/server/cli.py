@@ -126,7 +126,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     args.forwarded_allow_ips = [ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()]
     from sessionlog_store.server.domain.store import StoreConfig
     from sessionlog_store.server.run import run_server
+    if args.backend:
+        check_nats_servers(args)
     return run_server(args, store_config=StoreConfig(
+        backend=args.backend, stream=args.nats_stream, replicas=args.nats_replicas, lease_ttl=args.lease_ttl,
         project_roots=tuple(os.path.abspath(r) for r in args.project_root), many_users=args.auth != "token",
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
         journal_sync_interval=args.journal_sync_interval, progress_interval=args.progress_interval,
@@ -313,6 +316,77 @@ def _users(s: argparse.ArgumentParser) -> None:
                    help="projects a user may create (" + lim.format(100) + ")")
 
 
+def _backend(s: argparse.ArgumentParser) -> None:
+    """Where the event log lives: the local JSONL logs, or a NATS JetStream
+    stream shared by several workers (docs/SCALEOUT.md)."""
+    s.add_argument("--backend", type=_backend_urls, default="local", metavar="local|nats://HOST:PORT[,HOST:PORT...]",
+                   help="the event log: local (the JSONL logs under --root) or a NATS JetStream cluster "
+                        "shared with other workers (default: local)")
+    s.add_argument("--nats-stream", default="SESSIONLOG", metavar="NAME",
+                   help="the stream every worker shares (created if missing)")
+    s.add_argument("--nats-replicas", type=_count, default=3, metavar="N",
+                   help="copies of the stream and the lease bucket (1 needs --nats-allow-single-replica)")
+    s.add_argument("--nats-allow-single-replica", action="store_true",
+                   help="accept an R1 stream: one lost disk or node loses acknowledged records")
+    s.add_argument("--nats-monitor", action="append", default=[], metavar="URL",
+                   help="a server's monitoring endpoint (http://HOST:8222; repeatable): each must report "
+                        "sync_interval: always on /varz, or serve refuses to start")
+    s.add_argument("--nats-accept-unsynced", action="store_true",
+                   help="start without checking that the servers fsync before they acknowledge "
+                        "(acknowledged records may be lost in a power cut)")
+    s.add_argument("--lease-ttl", type=_seconds, default=15.0, metavar="SECONDS",
+                   help="a reply's lease lives this long unrenewed; a dead worker's replies are "
+                        "aborted after it (JetStream backend)")
+
+
+def _backend_urls(text: str) -> tuple[str, ...]:
+    """`local` (or nothing): (); else the NATS servers' URLs."""
+    text = text.strip()
+    if text in ("", "local"):
+        return ()
+    urls = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        url = part if "://" in part else f"nats://{part}"
+        scheme, _, rest = url.partition("://")
+        host, _, port = rest.rstrip("/").rpartition(":")
+        if scheme not in ("nats", "tls") or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"{part!r} is not nats://HOST:PORT")
+        urls.append(url)
+    if not urls:
+        raise argparse.ArgumentTypeError("no server in --backend")
+    return tuple(urls)
+
+
+def check_nats_servers(args: argparse.Namespace) -> None:
+    """Refuse an R1 stream and servers that do not fsync before they ack,
+    unless told (CannotRun says which flag accepts the risk)."""
+    import json
+    import urllib.request
+    if args.nats_replicas < 2 and not args.nats_allow_single_replica:
+        raise CannotRun("--nats-replicas 1 keeps one copy of every record: one lost disk loses acknowledged "
+                        "records; give --nats-allow-single-replica to accept that")
+    monitors = [m.strip() for item in args.nats_monitor for m in item.split(",") if m.strip()]
+    if args.nats_accept_unsynced:
+        return
+    if not monitors:
+        raise CannotRun("cannot check that the NATS servers fsync before they acknowledge: give each "
+                        "server's monitoring URL with --nats-monitor (their jetstream block needs "
+                        "sync_interval: always), or --nats-accept-unsynced to accept the risk")
+    for url in monitors:
+        try:
+            with urllib.request.urlopen(f"{url.rstrip('/')}/varz", timeout=5) as r:
+                varz = json.loads(r.read())
+        except (OSError, ValueError) as e:
+            raise CannotRun(f"--nats-monitor {url}: {e}") from None
+        config = (varz.get("jetstream") or {}).get("config") or {}
+        if not config.get("sync_always"):
+            raise CannotRun(f"the NATS server at {url} (version {varz.get('version', '?')}) does not fsync before "
+                            "it acknowledges: set `jetstream {{ sync_interval: always }}` (nats-server 2.10 or "
+                            "later), or give --nats-accept-unsynced to accept losing acknowledged records")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sessionlog", description="A durable session store for AI-agent chat apps.")
     p.add_argument("--version", action="version", version=f"sessionlog (the {DISTRIBUTION} distribution) {version()}")
@@ -368,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state-cache", type=_count, default=256, metavar="N",
                    help="loaded sessions kept in memory besides running ones")
     _users(s)
+    _backend(s)
     _env_defaults(s, secret=frozenset({"token", "jwt_secret"}))
     s.set_defaults(func=cmd_serve)
 

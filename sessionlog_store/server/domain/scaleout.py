@@ -48,8 +48,9 @@ async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamL
     """The shared stream (created if missing) with the registry folded from
     it, and the lease bucket."""
     registry = Registry()
-    async with open_jetstream_log(list(config.backend), stream=config.stream, prefix=config.subject_prefix,
-                                  replicas=config.replicas, replay=True, listeners=[registry.apply]) as es:
+    async with open_jetstream_log(list(config.backend), stream=config.stream,
+                                  prefix=config.subject_prefix or f"sl.{config.stream}", replicas=config.replicas,
+                                  replay=True, listeners=[registry.apply]) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
         leases = await Leases.open(es, ttl=config.lease_ttl, replicas=config.replicas)
         yield es, registry, leases

@@ -80,7 +80,7 @@ class StoreConfig:
     # a JetStream stream shared with other workers (docs/SCALEOUT.md).
     backend: tuple[str, ...] = ()
     stream: str = "SESSIONLOG"
-    subject_prefix: str = "sl.s"
+    subject_prefix: str = ""              # "": sl.<stream> (a session's subject: <prefix>.<id>)
     replicas: int = 3
     lease_ttl: float = 15.0
 

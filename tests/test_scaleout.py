@@ -1,0 +1,180 @@
+"""Several `sessionlog serve --backend nats://…` workers on a real 3-node
+cluster, clients over real WebSockets: a chat made on one worker is pushed
+to, followed from and resumed on another; a worker killed with SIGKILL
+mid-reply leaves its reply to another worker's sweeper, which aborts it
+"worker restart" exactly once, with the text that was durable; nothing a
+client was told is lost. Also: serve refuses an R1 stream and servers that
+do not fsync before they ack, each with the flag that accepts the risk."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from sessionlog_store.server.edge.client import open_client
+
+from .conftest import ROOT, run_cli
+from .nats_cluster import NatsCluster, _free_ports
+
+pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+
+TOKEN = "scaleout-token"
+
+
+class Worker:
+    """One `sessionlog serve` process on the cluster."""
+
+    def __init__(self, cluster: NatsCluster, root: Path, port: int, stream: str, *extra: str) -> None:
+        self.cluster, self.root, self.port, self.stream, self.extra = cluster, root, port, stream, extra
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        monitors = [a for i in range(3) for a in ("--nats-monitor", f"http://127.0.0.1:{self.cluster.http_ports[i]}")]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sessionlog_store", "serve", "--root", str(self.root), "--port", str(self.port),
+             "--token", TOKEN, "--backend", ",".join(self.cluster.urls), "--nats-stream", self.stream,
+             *monitors, "--lease-ttl", "2", *self.extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            assert line, self.proc.stderr.read() if self.proc.stderr else "the worker ended"
+            if "serving http://" in line:
+                return
+        raise AssertionError("the worker did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    c = NatsCluster(tmp_path_factory.mktemp("nats"))
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def workers(cluster: NatsCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Worker]]:
+    stream = "S" + request.node.name.replace("test_", "")[:30].replace("_", "")
+    made = [Worker(cluster, tmp_path / f"w{i}", port, stream, "--agent-speed", "15")
+            for i, port in enumerate(_free_ports(2))]
+    try:
+        for w in made:
+            w.start()
+        yield made
+    finally:
+        for w in made:
+            w.stop()
+
+
+async def _until(pred, within: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(within):
+        while not pred():
+            await trio.sleep(0.05)
+
+
+async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
+    one, two = workers
+    async with open_client("127.0.0.1", one.port, TOKEN) as a, open_client("127.0.0.1", two.port, TOKEN) as b:
+        ack = await a.request("chat", content="tell me a long story")
+        sid, reply = ack["session_id"], ack["reply_id"]
+        created = await b.wait_for(lambda f: f["type"] == "session_created" and f["data"]["session"]["id"] == sid)
+        assert created["data"]["session"]["preview"] == "tell me a long story"
+        await b.follow(sid)
+        await a.follow(sid)
+        await _until(lambda: len(b.content.get((sid, reply), "")) > 30)
+        # stopped from the worker that does not stream it
+        assert (await b.request("stop", session_id=sid, msg_id=reply))["msg_id"] == reply
+        with trio.fail_after(20):
+            assert await b.wait_done(sid, reply) == "aborted"
+            assert await a.wait_done(sid, reply) == "aborted"
+        assert not a.duplicated_or_missing and not b.duplicated_or_missing
+        loaded = await a.request("load_session", session_id=sid)
+        [m] = [m for m in loaded["messages"] if m["msg_id"] == reply]
+        assert m["content"] == a.content[(sid, reply)] == b.content[(sid, reply)]
+        assert m["metadata"]["aborted_reason"] == "stopped by user"
+        rows = (await b.request("list_sessions"))["rows"]
+        assert [r["id"] for r in rows] == [sid] and rows[0]["status"] == "idle"
+
+
+async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(workers, cluster):
+    one, two = workers
+    async with open_client("127.0.0.1", two.port, TOKEN) as b:
+        async with open_client("127.0.0.1", one.port, TOKEN) as a:
+            ack = await a.request("chat", content="a long story, please")
+            sid, reply = ack["session_id"], ack["reply_id"]
+            told = [(sid, ack["msg_id"])]
+            for i in range(3):  # more acknowledged messages, in other sessions
+                more = await a.request("chat", content=f"other {i}")
+                told.append((more["session_id"], more["msg_id"]))
+            await _until(lambda: sid in {f["data"]["session"]["id"] for f in b.pushes
+                                         if f["type"] == "session_created"})
+            await b.follow(sid)
+            await _until(lambda: len(b.content.get((sid, reply), "")) > 30)
+            one.kill()  # SIGKILL mid-reply: no graceful stop, its leases left to expire
+        with trio.fail_after(30):
+            assert await b.wait_done(sid, reply) == "aborted"
+        assert not b.duplicated_or_missing
+        loaded = await b.request("load_session", session_id=sid)
+        [m] = [m for m in loaded["messages"] if m["msg_id"] == reply]
+        assert m["metadata"]["aborted_reason"] == "worker restart"
+        assert m["content"] == b.content[(sid, reply)], "the text b followed is the text that is durable"
+        # a client re-joining on the live worker sees every acknowledged message
+        for s, mid in told:
+            msgs = (await b.request("load_session", session_id=s))["messages"]
+            assert mid in {x["msg_id"] for x in msgs}
+    # exactly one finalize on the stream, whoever swept
+    from sessionlog_store.eventstore.events import MessageFinalized
+    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    async with open_jetstream_log(cluster.urls, stream=one.stream, prefix=f"sl.{one.stream}", replay=True) as log:
+        fins = [r.event for r in await log.read(sid) if isinstance(r.event, MessageFinalized)
+                and r.event.msg_id == reply]
+    assert [(f.status, f.aborted_reason) for f in fins] == [("aborted", "worker restart")]
+    # the killed worker's successor starts from the stream and serves the session as it ended
+    one.start()
+    async with open_client("127.0.0.1", one.port, TOKEN) as a2:
+        msgs = (await a2.request("load_session", session_id=sid))["messages"]
+        assert [x["status"] for x in msgs if x["msg_id"] == reply] == ["aborted"]
+
+
+def test_serve_refuses_a_single_copy_and_unsynced_servers(cluster, tmp_path):
+    base = ("serve", "--root", str(tmp_path), "--port", "0", "--backend", ",".join(cluster.urls))
+    r = run_cli(*base, "--nats-replicas", "1")
+    assert r.returncode == 3 and "--nats-allow-single-replica" in r.stderr, r.stderr
+    r = run_cli(*base)
+    assert r.returncode == 3 and "--nats-monitor" in r.stderr and "--nats-accept-unsynced" in r.stderr, r.stderr
+    r = run_cli(*base, "--backend", "nats://nowhere")
+    assert r.returncode == 2 and "nats://HOST:PORT" in r.stderr, r.stderr
+    lax = NatsCluster(tmp_path / "lax", nodes=1, sync_always=False)
+    (tmp_path / "lax").mkdir()
+    lax.start()
+    try:
+        r = run_cli(*base, "--nats-monitor", f"http://127.0.0.1:{lax.http_ports[0]}")
+        assert r.returncode == 3 and "does not fsync before it acknowledges" in r.stderr, r.stderr
+        assert "sync_interval: always" in r.stderr and "--nats-accept-unsynced" in r.stderr
+    finally:
+        lax.stop()
