@@ -119,6 +119,15 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
         assert m["metadata"]["aborted_reason"] == "stopped by user"
         rows = (await b.request("list_sessions"))["rows"]
         assert [r["id"] for r in rows] == [sid] and rows[0]["status"] == "idle"
+    # the metrics say which backend, and what sharing it did
+    from .test_ops import get, metrics
+    from .test_ws import raw_http
+    m = metrics(await raw_http(two.port, get("/metrics", host=f"127.0.0.1:{two.port}")))
+    assert m[f"sessionlog_backend{{backend=jetstream,stream={two.stream},sync_mode=jetstream}}"] == 1
+    assert m["sessionlog_records_appended_total"] >= 2, "the stop's finalize was written here"
+    assert m["sessionlog_stream_position"] > 0 and m["sessionlog_store_ok"] == 1
+    assert {"sessionlog_stream_conflicts_total", "sessionlog_stream_retries_total",
+            "sessionlog_replies_swept_total", "sessionlog_leases_lost_total"} <= set(m)
 
 
 async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(workers, cluster):

@@ -215,6 +215,7 @@ class JetStreamLog:
         self._closed = False
         self.worker = secrets.token_hex(6)  # names this writer on its messages (the tail skips its own)
         self.tail_position = 0  # the stream sequence of the last message the tail delivered
+        self.replay_seconds = 0.0  # how long the opening replay took (set by its opener)
 
     def subject(self, session_id: str) -> str:
         return f"{self.prefix}.{validate_session_id(session_id)}"

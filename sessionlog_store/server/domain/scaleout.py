@@ -25,6 +25,7 @@ workers write too (docs/SCALEOUT.md).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -48,10 +49,12 @@ async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamL
     """The shared stream (created if missing) with the registry folded from
     it, and the lease bucket."""
     registry = Registry()
+    t0 = time.monotonic()
     async with open_jetstream_log(list(config.backend), stream=config.stream,
                                   prefix=config.subject_prefix or f"sl.{config.stream}", replicas=config.replicas,
                                   replay=True, listeners=[registry.apply]) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
+        es.replay_seconds = time.monotonic() - t0
         leases = await Leases.open(es, ttl=config.lease_ttl, replicas=config.replicas)
         yield es, registry, leases
 

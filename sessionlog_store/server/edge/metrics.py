@@ -84,9 +84,26 @@ class ServerMetrics(Collector):
         sessions.add_metric(["archived"], archived)
         sessions.add_metric(["quarantined"], quarantined)
         yield sessions
-        rec = store.recovery
-        yield _gauge("sessionlog_recovery_seconds", "How long the last start's recovery took",
-                     rec.seconds if rec is not None else 0.0)
+        rec, worker = store.recovery, store.worker
+        yield _gauge("sessionlog_recovery_seconds", "How long the last start's recovery (a worker: the replay "
+                     "of the stream) took", rec.seconds if rec is not None else
+                     worker.es.replay_seconds if worker is not None else 0.0)
+        info = GaugeMetricFamily("sessionlog_backend", "The event log's backend (1)",
+                                 labels=["backend", "sync_mode", "stream"])
+        info.add_metric(["jetstream" if worker is not None else "local", st.sync_mode,
+                         worker.es.stream if worker is not None else ""], 1)
+        yield info
+        if worker is not None:
+            yield _counter("sessionlog_stream_conflicts", "Publishes refused for another worker's, rebased",
+                           worker.es.conflicts)
+            yield _counter("sessionlog_stream_retries", "Publishes sent again after no answer (leader elections)",
+                           worker.es.retries)
+            yield _gauge("sessionlog_stream_position", "Stream sequence of the last message the tail delivered",
+                         worker.es.tail_position)
+            yield _counter("sessionlog_replies_swept", "Dead workers' replies this worker aborted",
+                           len(worker.swept))
+            yield _counter("sessionlog_leases_lost", "Replies ended here because another worker took their lease",
+                           len(worker.lost))
         yield _gauge("sessionlog_store_ok", "1 while the store accepts writes, 0 once it failed",
                      0 if store.failure() is not None else 1)
 
