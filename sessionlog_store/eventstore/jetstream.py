@@ -52,6 +52,7 @@ import asyncio
 import secrets
 import threading
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
@@ -116,6 +117,9 @@ class AsyncioThread:
         self.loop.close()
 
 
+# `import_log` puts a log on the stream in messages of at most this many
+# bytes (the servers' max_payload is 1 MiB by default; a longer line goes alone).
+IMPORT_CHUNK: Final = 512 * 1024
 # A stream's config refused for good: its subjects overlap another stream's;
 # the name is in use with another config. (10005, "no suitable peers for
 # placement", is a cluster still forming: retried.)
@@ -567,6 +571,43 @@ class JetStreamLog:
         data, _ = await self._messages(session_id)
         return [r for r in scan(session_id, data).records if r.seq > after_seq]
 
+    async def import_log(self, session_id: str, data: bytes) -> None:
+        """Put a session's log on the stream byte for byte (its records keep
+        their seqs and times), as a new session: what `sessionlog migrate`
+        does. In messages of whole lines up to IMPORT_CHUNK bytes, each fenced
+        on the one before; SessionExists if the stream has the session."""
+        self._check_open()
+        subject, js, worker = self.subject(session_id), self._js, self.worker
+        records = scan(session_id, data).records
+        if not records:
+            raise ValueError(f"session {session_id}: no record to import")
+        if session_id in self:
+            raise SessionExists(f"session {session_id!r} is on {subject} already")
+        chunks, start = [], 0
+        while start < len(data):
+            cut = data.rfind(b"\n", start, start + IMPORT_CHUNK) + 1 or data.index(b"\n", start) + 1
+            chunks.append(data[start:cut])
+            start = cut
+        tag = f"{zlib.crc32(data):08x}"
+
+        async def put() -> int:
+            fence = 0
+            for i, chunk in enumerate(chunks):
+                ack = await js.publish(subject, chunk, headers={
+                    "Nats-Msg-Id": f"{session_id}:import:{tag}:{i}",
+                    "Nats-Expected-Last-Subject-Sequence": str(fence), WRITER_HEADER: worker})
+                fence = ack.seq
+            return fence
+        try:
+            last = await self._bridge.run(put)
+        except Exception as e:
+            if getattr(e, "err_code", None) in WRONG_LAST_SEQUENCE:
+                raise SessionExists(f"session {session_id!r} is on {subject} already") from None
+            raise
+        sess = self._sessions[session_id] = _Session()
+        sess.last_seq = sess.durable_seq = records[-1].seq
+        sess.stream_seq, sess.end = last, len(data)
+
     async def adopt(self, session_id: str) -> list[Record]:
         """Know a session another writer made before this log opened (its
         seq and fence from the stream); returns its records. UnknownSession
@@ -597,16 +638,41 @@ class JetStreamLog:
         del self._sessions[session_id]
 
 
+async def _ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create: bool) -> None:
+    """The stream, made if missing (`create`), else only looked up."""
+    from nats.js.errors import NotFoundError
+    if not create:  # (read only: verify, migrate from it)
+        try:
+            await js.stream_info(stream)
+        except NotFoundError:
+            raise StoreBroken(f"there is no stream {stream} on the NATS servers") from None
+        return
+    try:
+        await until_led(js, stream, lambda: js.add_stream(name=stream, subjects=[f"{prefix}.>"],
+                                                          num_replicas=replicas, duplicate_window=120.0))
+    except Exception as e:
+        if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
+            raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
+                              "on the NATS servers; choose another stream name") from None
+        raise
+
+
+def default_prefix(stream: str) -> str:
+    """The subjects' prefix of a worker's stream (a session's: <prefix>.<id>)."""
+    return f"sl.{stream}"
+
+
 @asynccontextmanager
 async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", prefix: str = "sl.s",
                              replicas: int = 3, timeout: float = 10.0, retry_for: float = 60.0,
-                             replay: bool = False,
+                             replay: bool = False, create: bool = True,
                              listeners: Sequence[RecordListener] = ()) -> AsyncIterator[JetStreamLog]:
     """Connect, create the stream if needed (`replicas` copies), run the
     committer until the block exits; everything appended inside the block is
     committed before it does. With `replay`, every session on the stream is
     known, and every record of it has reached `listeners`, when the block
-    starts (a worker's start). A publish that gets no answer (a leader
+    starts (a worker's start). Without `create`, a stream that does not
+    exist is StoreBroken (nothing is made). A publish that gets no answer (a leader
     being elected, a node lost) is retried for `retry_for` seconds before
     the log is broken."""
     import nats
@@ -619,14 +685,7 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
         try:
             js = nc.jetstream(timeout=timeout)
 
-            try:
-                await bridge.run(lambda: until_led(js, stream, lambda: js.add_stream(
-                    name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas, duplicate_window=120.0)))
-            except Exception as e:
-                if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
-                    raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
-                                      "on the NATS servers; choose another stream name") from None
-                raise
+            await bridge.run(lambda: _ensure_stream(js, stream, prefix, replicas, create))
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for)
             log.listeners.extend(listeners)
             with trio.fail_after(max(60.0, 6 * timeout)):

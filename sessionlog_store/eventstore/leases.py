@@ -71,6 +71,21 @@ class Leases:
             bucket=name, history=1, replicas=replicas)))
         return cls(log, kv, ttl, skew)
 
+    @staticmethod
+    async def held(log: JetStreamLog) -> list[str]:
+        """The keys of every lease on the stream's bucket, making nothing
+        (none if the bucket does not exist)."""
+        js = log._js
+
+        async def keys() -> list[str]:
+            from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+            try:
+                kv = await js.key_value(f"{log.stream}-leases")
+                return list(await kv.keys())
+            except (BucketNotFoundError, NotFoundError, NoKeysError):
+                return []
+        return await log._bridge.run(keys)
+
     def _value(self) -> bytes:
         return _ENCODE.encode(Lease(self.worker, time.time() + self.ttl))
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.fsio import OS_FILES, lock_root
 
 from sessionlog_store.server.logs import LOG_FORMATS, setup_logging
+
+if TYPE_CHECKING:
+    from sessionlog_store.server.migrate import StreamTarget
 
 ENV_ROOT: Final = "SESSIONLOG_ROOT"
 DISTRIBUTION: Final = "sessionlog-store"
@@ -63,8 +66,21 @@ class CannotRun(Exception):
     """The command cannot run here (exit code EXIT_CANNOT)."""
 
 
+def _target(args: argparse.Namespace, servers: tuple[str, ...]) -> StreamTarget:
+    from sessionlog_store.server.migrate import StreamTarget
+    return StreamTarget(servers, stream=args.nats_stream, replicas=args.nats_replicas)
+
+
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from sessionlog_store.projections.rebuild import rebuild
+    if args.backend:
+        import trio
+
+        from sessionlog_store.server.migrate import replay_stream
+        n, records, seconds = trio.run(replay_stream, _target(args, args.backend))
+        print(f"replayed stream {args.nats_stream}: {n} sessions, {records} records through the registry fold, "
+              f"in {seconds:.2f} s (a worker's start; a worker caches nothing on disk, so nothing is rewritten)")
+        return EXIT_OK
     root = _existing_store(args.root)
     fd = lock_root(root)
     try:
@@ -81,11 +97,56 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from sessionlog_store.projections.rebuild import verify
+    if args.backend:
+        import trio
+
+        from sessionlog_store.server.migrate import verify_stream
+        n, bad, notes = trio.run(verify_stream, _target(args, args.backend), _progress("verify"))
+        for line in bad + notes:
+            print(line)
+        print(f"verified {n} sessions on stream {args.nats_stream}: {len(bad)} problem(s)")
+        return EXIT_PROBLEMS if bad else EXIT_OK
     n, problems = verify(OS_FILES, _existing_store(args.root), progress=_progress("verify"))
     for p in problems:
         print(p)
     print(f"verified {n} sessions: {len(problems)} problem(s)")
     return EXIT_PROBLEMS if problems else EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Copy every session between a data root and a stream (either way)."""
+    import trio
+
+    from sessionlog_store.server import migrate
+    def stream(side: str) -> tuple[str, ...]:
+        return _backend_urls(side) if "://" in side else ()
+    try:
+        src, dst = stream(args.source), stream(args.target)
+    except argparse.ArgumentTypeError as e:
+        raise CannotRun(str(e)) from None
+    if bool(src) == bool(dst):
+        raise CannotRun("migrate copies between a data root and a stream: one of --from and --to must be "
+                        "nats://HOST:PORT[,...], the other a directory")
+    if dst:
+        check_nats_servers(args)
+        root = _existing_store(args.source)
+        fd = lock_root(root)  # the store is not served meanwhile
+        try:
+            report = trio.run(migrate.local_to_stream, OS_FILES, root, _target(args, dst), _progress("migrate"))
+        finally:
+            os.close(fd)
+    else:
+        root = os.path.abspath(args.target)
+        os.makedirs(root, exist_ok=True)
+        fd = lock_root(root)
+        try:
+            report = trio.run(migrate.stream_to_local, OS_FILES, root, _target(args, src), _progress("migrate"))
+        finally:
+            os.close(fd)
+    for line in report.problems:
+        print(f"  {line}")
+    print(report.summary(args.source, args.target))
+    return EXIT_PROBLEMS if report.problems else EXIT_OK
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -322,10 +383,21 @@ def _backend(s: argparse.ArgumentParser) -> None:
     s.add_argument("--backend", type=_backend_urls, default="local", metavar="local|nats://HOST:PORT[,HOST:PORT...]",
                    help="the event log: local (the JSONL logs under --root) or a NATS JetStream cluster "
                         "shared with other workers (default: local)")
+    _stream_flags(s)
+    _nats_checks(s)
+    s.add_argument("--lease-ttl", type=_seconds, default=15.0, metavar="SECONDS",
+                   help="a reply's lease lives this long unrenewed; a dead worker's replies are "
+                        "aborted after it (JetStream backend)")
+
+
+def _stream_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--nats-stream", default="SESSIONLOG", metavar="NAME",
                    help="the stream every worker shares (created if missing)")
     s.add_argument("--nats-replicas", type=_count, default=3, metavar="N",
                    help="copies of the stream and the lease bucket (1 needs --nats-allow-single-replica)")
+
+
+def _nats_checks(s: argparse.ArgumentParser) -> None:
     s.add_argument("--nats-allow-single-replica", action="store_true",
                    help="accept an R1 stream: one lost disk or node loses acknowledged records")
     s.add_argument("--nats-monitor", action="append", default=[], metavar="URL",
@@ -334,9 +406,6 @@ def _backend(s: argparse.ArgumentParser) -> None:
     s.add_argument("--nats-accept-unsynced", action="store_true",
                    help="start without checking that the servers fsync before they acknowledge "
                         "(acknowledged records may be lost in a power cut)")
-    s.add_argument("--lease-ttl", type=_seconds, default=15.0, metavar="SECONDS",
-                   help="a reply's lease lives this long unrenewed; a dead worker's replies are "
-                        "aborted after it (JetStream backend)")
 
 
 def _backend_urls(text: str) -> tuple[str, ...]:
@@ -448,11 +517,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rebuild", help="rebuild index.json and every snapshot from the logs")
     r.add_argument("--root", default=default_root(), help=root_help)
+    r.add_argument("--backend", type=_backend_urls, default="local", metavar="local|nats://HOST:PORT[,...]",
+                   help="replay a stream instead (what a worker's start does), changing nothing")
+    _stream_flags(r)
     r.set_defaults(func=cmd_rebuild)
 
     v = sub.add_parser("verify", help="check logs and caches; change nothing; exit 1 on any problem")
     v.add_argument("--root", default=default_root(), help=root_help)
+    v.add_argument("--backend", type=_backend_urls, default="local", metavar="local|nats://HOST:PORT[,...]",
+                   help="check a stream's sessions instead (records, seqs, tombstones, leaseless replies)")
+    _stream_flags(v)
     v.set_defaults(func=cmd_verify)
+
+    g = sub.add_parser("migrate", help="copy every session between a data root and a NATS JetStream stream "
+                                       "(either way), each read back and compared; safe to run again")
+    g.add_argument("--from", dest="source", required=True, metavar="DIR|nats://HOST:PORT[,...]")
+    g.add_argument("--to", dest="target", required=True, metavar="DIR|nats://HOST:PORT[,...]")
+    _stream_flags(g)
+    _nats_checks(g)
+    g.set_defaults(func=cmd_migrate)
 
     i = sub.add_parser("inspect", help="print a session's records (JSON lines)")
     i.add_argument("--root", default=default_root(), help=root_help)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from sessionlog_store.eventstore.events import MessageFinalized, SessionCreated, SessionDeleted
-from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
+from sessionlog_store.eventstore.jetstream import JetStreamLog, default_prefix, open_jetstream_log
 from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.registry import Registry
@@ -51,7 +51,7 @@ async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamL
     registry = Registry()
     t0 = time.monotonic()
     async with open_jetstream_log(list(config.backend), stream=config.stream,
-                                  prefix=config.subject_prefix or f"sl.{config.stream}", replicas=config.replicas,
+                                  prefix=config.subject_prefix or default_prefix(config.stream), replicas=config.replicas,
                                   replay=True, listeners=[registry.apply]) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
         es.replay_seconds = time.monotonic() - t0

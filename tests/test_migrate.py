@@ -1,0 +1,108 @@
+"""`sessionlog migrate` between a data root and a real 3-node JetStream
+cluster, both ways, `verify --backend` and `rebuild --backend`: every
+session copied byte for byte (seqs and times kept) and read back, a rerun
+copies nothing twice, a damaged log is reported and left, the deleted are
+left out, a worker started on the stream lists what the local store listed,
+and the way back gives the same log files."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import trio
+
+from sessionlog_store.eventstore.log import list_session_ids, log_path
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+
+from .conftest import run_cli
+from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
+
+pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+
+
+def nats_args(cluster, stream: str) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
+    monitors = [a for p in cluster.http_ports for a in ("--nats-monitor", f"http://127.0.0.1:{p}")]
+    return ("--nats-stream", stream, *monitors)
+
+
+async def make_store(root: str) -> dict[str, str]:
+    """Three sessions (one renamed, one with a long reply) and one deleted."""
+    made: dict[str, str] = {}
+    async with open_session_store(root) as store:
+        a, _ = await store.create_session(title="kept a", first_message="hello")
+        async with store.inflight(a.id) as msg:
+            msg.write("a reply " * 2000)
+        b, _ = await store.create_session(first_message="second")
+        await store.rename_session(b.id, "renamed b")
+        c, _ = await store.create_session(first_message="third")
+        gone, _ = await store.create_session(first_message="deleted")
+        await store.delete_session(gone.id)
+        made.update(a=a.id, b=b.id, c=c.id, gone=gone.id)
+    return made
+
+
+def test_migrate_to_a_stream_and_back_keeps_every_byte(nats_cluster, tmp_path):  # noqa: F811
+    root, back = str(tmp_path / "local"), str(tmp_path / "back")
+    made = trio.run(make_store, root)
+    urls = ",".join(nats_cluster.urls)
+    r = run_cli("migrate", "--from", root, "--to", urls, *nats_args(nats_cluster, "MIG"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "3 sessions copied" in r.stdout and "0 problem(s)" in r.stdout, r.stdout
+    again = run_cli("migrate", "--from", root, "--to", urls, *nats_args(nats_cluster, "MIG"))
+    assert again.returncode == 0 and "0 sessions copied" in again.stdout and "3 already there" in again.stdout
+    v = run_cli("verify", "--backend", urls, "--nats-stream", "MIG")
+    assert v.returncode == 0 and "verified 3 sessions on stream MIG: 0 problem(s)" in v.stdout, v.stdout + v.stderr
+    rb = run_cli("rebuild", "--backend", urls, "--nats-stream", "MIG")
+    assert rb.returncode == 0 and "3 sessions" in rb.stdout, rb.stdout + rb.stderr
+
+    async def compare() -> None:
+        async with open_session_store(root) as local:
+            want, _ = local.list_sessions()
+            texts = {sid: [m.content for m in await local.get_messages(sid)] for sid in (made["a"], made["b"])}
+        config = StoreConfig(backend=tuple(nats_cluster.urls), stream="MIG")
+        os.makedirs(tmp_path / "worker")
+        async with open_session_store(str(tmp_path / "worker"), config=config) as worker:
+            got, _ = worker.list_sessions()
+            assert [(r["id"], r["title"], r["preview"]) for r in got] == \
+                [(r["id"], r["title"], r["preview"]) for r in want]
+            for sid, text in texts.items():
+                assert [m.content for m in await worker.get_messages(sid)] == text
+    trio.run(compare)
+    out = run_cli("migrate", "--from", urls, "--to", back, "--nats-stream", "MIG")
+    assert out.returncode == 0 and "3 sessions copied" in out.stdout, out.stdout + out.stderr
+    assert sorted(list_session_ids(OS_FILES, back)) == sorted([made["a"], made["b"], made["c"]])
+    for sid in (made["a"], made["b"], made["c"]):
+        with open(log_path(root, sid), "rb") as f, open(log_path(back, sid), "rb") as g:
+            assert f.read() == g.read(), "the way back gives the same log, byte for byte"
+    check = run_cli("verify", "--root", back)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_damaged_log_is_reported_and_the_rest_copied(nats_cluster, tmp_path):  # noqa: F811
+    root = str(tmp_path / "local")
+    made = trio.run(make_store, root)
+    path = log_path(root, made["b"])
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    lines[1] = lines[1].replace(b'"', b"'", 3)  # damage before the last record: not a torn tail
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines))
+    r = run_cli("migrate", "--from", root, "--to", ",".join(nats_cluster.urls), *nats_args(nats_cluster, "MIGD"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{made['b']}: not copied" in r.stdout and "repair it first" in r.stdout
+    assert "2 sessions copied" in r.stdout
+
+
+def test_migrate_refuses_what_it_cannot_do(nats_cluster, tmp_path):  # noqa: F811
+    root = str(tmp_path / "local")
+    trio.run(make_store, root)
+    urls = ",".join(nats_cluster.urls)
+    both = run_cli("migrate", "--from", root, "--to", str(tmp_path / "other"))
+    assert both.returncode == 3 and "one of --from and --to must be nats://" in both.stderr
+    unsynced = run_cli("migrate", "--from", root, "--to", urls, "--nats-stream", "MIGU")
+    assert unsynced.returncode == 3 and "--nats-monitor" in unsynced.stderr
+    missing = run_cli("migrate", "--from", urls, "--to", str(tmp_path / "back"), "--nats-stream", "NOSUCH")
+    assert missing.returncode == 3 and "there is no stream NOSUCH" in missing.stderr, missing.stderr
+    shutil.rmtree(tmp_path / "back", ignore_errors=True)
