@@ -8,13 +8,14 @@
   memory     RSS of a server holding a registry of 100,000 sessions
   abuse      one user flooding frames vs other users' round trips and pushes
   auth       refused handshakes take the same time whatever was wrong
+  scaleout   the JetStream backend next to the local one, and a leader killed mid-run
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout")
 
 
 def main() -> int:

@@ -1,0 +1,113 @@
+"""The JetStream backend next to the local one, in the same run: N streaming
+replies through the real in-flight API and throttled saver (bench throttle's
+driver), their progress records made durable by the local journal, then by
+a real 3-node R3 cluster (`sync_interval: always`, the pinned nats-server
+from tests/nats_cluster.py, on loopback on this machine). Then a fault: the
+stream's leader killed with SIGKILL in the middle of a run, the longest
+append-to-durable wait measured against the Raft election timeout, and every
+record the saver was told durable read back from the stream.
+
+    python -m bench scaleout [--quick] [--streams 1000,5000] [--seconds 10]
+
+Targets (issue 17): >= 15,000 durable records/s on the stream; the write
+stall after the leader's loss <= the election timeout (NATS: 4-9 s, so 9 s).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .report import save, table, verdict
+from .throttle import run_streams
+
+ELECTION_TIMEOUT = 9.0  # NATS Raft: a new leader within 4-9 s of the old one's loss
+
+
+def _cluster(folder: Path):  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.nats_cluster import NatsCluster
+    folder.mkdir(parents=True, exist_ok=True)
+    c = NatsCluster(folder)
+    c.start()
+    return c
+
+
+def jetstream(cluster: Any, stream: str) -> dict[str, Any]:
+    return {"backend": tuple(cluster.urls), "stream": stream, "lease_ttl": 60.0}
+
+
+def leader_killer(cluster: Any, lost: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """Kill the stream's leader a third of the way into the run; after the
+    run, check that every record told durable is on the stream."""
+    async def during(store: Any, seconds: float) -> None:
+        es = store.worker.es
+        await trio.sleep(seconds / 3)
+        info = await es._bridge.run(lambda: es._js.stream_info(es.stream))
+        leader = str(info.cluster.leader)
+        cluster.kill(int(leader.removeprefix("n")))
+        lost["killed"] = leader
+        lost["killed at"] = time.monotonic()
+        await trio.sleep(seconds * 2 / 3 - 0.5)
+        # every session's durable seq is on the stream (read back: a sample of 200)
+        missing = 0
+        for sid in list(es.session_ids())[:200]:
+            durable = es.durable_seq(sid)
+            records = await es.read(sid)
+            if not records or records[-1].seq < durable:
+                missing += 1
+        lost["sessions missing records"] = missing
+    return during
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench scaleout")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--streams", default=None, help="comma-separated stream counts")
+    ap.add_argument("--seconds", type=float, default=None)
+    a = ap.parse_args(argv)
+    counts = [int(x) for x in (a.streams or ("500,1000" if a.quick else "1000,5000")).split(",")]
+    seconds = a.seconds or (5.0 if a.quick else 10.0)
+    rows: list[dict[str, Any]] = []
+    fault: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
+        cluster = _cluster(Path(d) / "nats")
+        try:
+            for n in counts:
+                for name, extra in (("local", None), ("jetstream", jetstream(cluster, f"B{n}"))):
+                    root = os.path.join(d, f"{name}-{n}")
+                    os.makedirs(root)
+                    r = trio.run(lambda: run_streams(root, n, seconds, False, extra=extra))
+                    rows.append({"backend": name, **r})
+                    shutil.rmtree(root, ignore_errors=True)
+                    print(f"  {name} {n} streams: {r['records/s']:.0f} records/s, p99 {r['durable p99 ms']:.0f} ms",
+                          flush=True)
+            n = counts[0]
+            root = os.path.join(d, "fault")
+            os.makedirs(root)
+            r = trio.run(lambda: run_streams(root, n, max(seconds, 15.0), False,
+                                             extra=jetstream(cluster, "BFAULT"),
+                                             during=leader_killer(cluster, fault)))
+            rows.append({"backend": f"jetstream, leader {fault.get('killed')} killed", **r})
+        finally:
+            cluster.stop()
+    keep = ("backend", "streams", "offered/s", "records/s", "durable p50 ms", "durable p99 ms", "durable max ms",
+            "on-time %", "cpu %", "bytes/rec", "kept up")
+    shown = [{k: r[k] for k in keep} for r in rows]
+    print(table(f"local journal vs a 3-node R3 JetStream cluster (sync always), same run, {seconds}s each", shown))
+    js = [r for r in rows if r["backend"] == "jetstream"]
+    best = max(js, key=lambda r: r["records/s"])
+    print(verdict(f"durable records/s on the stream ({best['streams']} streams)", best["records/s"], 15000.0))
+    stall = rows[-1]["durable max ms"] / 1e3
+    print(verdict("write stall after the leader's loss, s", stall, ELECTION_TIMEOUT, higher_is_better=False))
+    print(verdict("sessions missing a record told durable (of 200 read back)",
+                  float(fault.get("sessions missing records", -1)), 0.0, higher_is_better=False))
+    print(f"saved {save('scaleout', {'rows': shown, 'fault': {k: v for k, v in fault.items() if k != 'killed at'}})}")
+    return 0
