@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionlog_store.eventstore.jetstream import until_led
+from sessionlog_store.eventstore.natsio import until_led
 
 from .nats_cluster import NatsCluster
 

@@ -1,8 +1,7 @@
-"""An event log on NATS JetStream (issue 17, under way): the contract of
-backend.py, kept by a replicated stream instead of files. Not yet a
-`sessionlog serve --backend`: the session store's startup, caches and
-readers still read the local files (what is left is listed in
-docs/DESIGN-NOTES.md).
+"""An event log on NATS JetStream: the contract of backend.py, kept by a
+replicated stream instead of files, shared by several workers
+(`sessionlog serve --backend nats://…`, server/domain/scaleout.py,
+docs/SCALEOUT.md). The NATS plumbing is natsio.py.
 
 Theory of operation
 -------------------
@@ -50,12 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import trio
 
@@ -65,9 +63,10 @@ from .errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, Unkn
 from .events import Event, SessionCreated, SessionDeleted
 from .ids import validate_session_id
 from .log import scan, with_ends
+from .natsio import AsyncioThread, default_prefix, ensure_stream, unanswered, until_led
 from .record import Record, decode_record, encode_record
 
-T = TypeVar("T")
+
 # The header naming a message's writer (a log: a worker's connection).
 WRITER_HEADER = "Sessionlog-Writer"
 # JetStream's error codes for a failed expected-last-subject-sequence check
@@ -75,89 +74,9 @@ WRITER_HEADER = "Sessionlog-Writer"
 WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
-class AsyncioThread:
-    """An asyncio loop in a thread of its own; trio awaits coroutines on it,
-    one crossing each (the thread is joined when its `open_` block exits)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="sessionlog-nats", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    async def run(self, make: Callable[[], Awaitable[T]]) -> T:
-        async def wrapped() -> T:
-            return await make()
-        fut = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-        fut.add_done_callback(lambda _: token.run_sync_soon(done.set))
-        try:
-            await done.wait()
-        except trio.Cancelled:
-            fut.cancel()
-            raise
-        return fut.result()
-
-    def stop(self) -> None:
-        """End every task left on the loop (the client's readers and pingers),
-        then the loop and its thread."""
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(10)
-        except Exception:  # noqa: BLE001 - stopping regardless
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
-
-
 # `import_log` puts a log on the stream in messages of at most this many
 # bytes (the servers' max_payload is 1 MiB by default; a longer line goes alone).
 IMPORT_CHUNK: Final = 512 * 1024
-# A stream's config refused for good: its subjects overlap another stream's;
-# the name is in use with another config. (10005, "no suitable peers for
-# placement", is a cluster still forming: retried.)
-_CONFIG_REFUSED: Final = (10065, 10058)
-
-
-async def until_led(js: Any, stream: str, create: Callable[[], Awaitable[T]], within: float = 30.0) -> T:
-    """Run `create` (an idempotent add_stream or create_key_value of
-    `stream`) until the cluster has taken it and the stream has a leader: a
-    cluster just started elects its meta leader first, a new stream its own
-    a moment later, and a publish before that finds no responder."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            made = await create()
-            cluster = (await js.stream_info(stream)).cluster
-            if cluster is None or cluster.leader:
-                return made
-            error: Exception = TimeoutError(f"stream {stream} has no leader after {within:.0f} s")
-        except Exception as e:  # noqa: BLE001 - retried until the deadline, then raised
-            if getattr(e, "err_code", None) in _CONFIG_REFUSED:  # no retry mends these
-                raise
-            error = e
-        if time.monotonic() > deadline:
-            raise error
-        await asyncio.sleep(0.2)
-
-
-def _unanswered(error: BaseException) -> bool:
-    """A publish that may not have reached a leader, or whose ack was lost:
-    retried with the same message id, it is stored once."""
-    import nats.errors
-    import nats.js.errors
-    return (isinstance(error, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
-                               nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError,
-                               nats.js.errors.ServiceUnavailableError)))
-
-
 class _Session:
     __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
                  "renumber", "refused")
@@ -365,7 +284,7 @@ class JetStreamLog:
                                                  for i in todo), return_exceptions=True)
                     for i, ack in zip(todo, got):
                         acks[i] = ack
-                    todo = [i for i in todo if isinstance(acks[i], BaseException) and _unanswered(acks[i])]
+                    todo = [i for i in todo if isinstance(acks[i], BaseException) and unanswered(acks[i])]
                     if not todo or time.monotonic() > deadline:
                         return acks
                     self.retries += len(todo)
@@ -638,30 +557,6 @@ class JetStreamLog:
         del self._sessions[session_id]
 
 
-async def _ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create: bool) -> None:
-    """The stream, made if missing (`create`), else only looked up."""
-    from nats.js.errors import NotFoundError
-    if not create:  # (read only: verify, migrate from it)
-        try:
-            await js.stream_info(stream)
-        except NotFoundError:
-            raise StoreBroken(f"there is no stream {stream} on the NATS servers") from None
-        return
-    try:
-        await until_led(js, stream, lambda: js.add_stream(name=stream, subjects=[f"{prefix}.>"],
-                                                          num_replicas=replicas, duplicate_window=120.0))
-    except Exception as e:
-        if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
-            raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
-                              "on the NATS servers; choose another stream name") from None
-        raise
-
-
-def default_prefix(stream: str) -> str:
-    """The subjects' prefix of a worker's stream (a session's: <prefix>.<id>)."""
-    return f"sl.{stream}"
-
-
 @asynccontextmanager
 async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", prefix: str = "sl.s",
                              replicas: int = 3, timeout: float = 10.0, retry_for: float = 60.0,
@@ -685,7 +580,7 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
         try:
             js = nc.jetstream(timeout=timeout)
 
-            await bridge.run(lambda: _ensure_stream(js, stream, prefix, replicas, create))
+            await bridge.run(lambda: ensure_stream(js, stream, prefix, replicas, create))
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for)
             log.listeners.extend(listeners)
             with trio.fail_after(max(60.0, 6 * timeout)):

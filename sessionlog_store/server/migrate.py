@@ -24,7 +24,8 @@ import trio
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated, SessionDeleted
 from sessionlog_store.eventstore.fsio import FileOps
 from sessionlog_store.eventstore.backend import RecordListener
-from sessionlog_store.eventstore.jetstream import JetStreamLog, default_prefix, open_jetstream_log
+from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
+from sessionlog_store.eventstore.natsio import default_prefix
 from sessionlog_store.eventstore.journal import apply_journal
 from sessionlog_store.eventstore.leases import Leases, lease_key
 from sessionlog_store.eventstore.record import Record

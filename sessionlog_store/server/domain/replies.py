@@ -60,12 +60,17 @@ class Replies:
     def list_running(self, owner: str | None = None) -> list[dict[str, Any]]:
         """Every message running in this process, across sessions (of `owner`'s
         only, unless it is None), oldest first: session, message, kind, role,
-        caller, started_at and its length so far."""
+        caller, started_at and its length so far. On a shared stream, the
+        replies other workers stream too (their length as of their last
+        message on the stream)."""
         rows = self.registry.rows
         out = [{"session_id": m.session_id, "msg_id": m.msg_id, "kind": m.kind, "role": m.role,
                 "caller": m.caller, "started_at": m.started_at, "length": m.length}
                for m in self.saver.active.values() if not m.finished
                and (owner is None or (m.session_id in rows and rows[m.session_id].owner == owner))]
+        if self.worker is not None:  # and the replies other workers stream
+            out += [dict(r) for key, r in self.worker.running.replies.items() if key not in self.saver.active
+                    and (owner is None or (key[0] in rows and rows[key[0]].owner == owner))]
         return sorted(out, key=lambda r: r["started_at"])
 
     @asynccontextmanager

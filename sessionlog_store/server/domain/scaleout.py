@@ -32,10 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from sessionlog_store.eventstore.events import MessageFinalized, SessionCreated, SessionDeleted
-from sessionlog_store.eventstore.jetstream import JetStreamLog, default_prefix, open_jetstream_log
+from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
+                                                SessionDeleted)
+from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
+from sessionlog_store.eventstore.natsio import default_prefix
 from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
+from sessionlog_store.projections.lifecycle import OPEN_STATUSES
 from sessionlog_store.projections.registry import Registry
 
 if TYPE_CHECKING:
@@ -44,26 +47,55 @@ if TYPE_CHECKING:
 log = logging.getLogger("sessionlog.worker")
 
 
+class RunningIndex:
+    """Every reply running on the stream, any worker's, with what
+    `list_running` shows of it (a fold of the records, kept from the start's
+    replay on)."""
+
+    def __init__(self) -> None:
+        self.replies: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def apply(self, sid: str, rec: Record, end: int) -> None:
+        ev = rec.event
+        if isinstance(ev, MessageProgress):
+            r = self.replies.get((sid, ev.msg_id))
+            if r is not None:
+                r["length"] = ev.offset + len(ev.content_delta)
+        elif isinstance(ev, MessageCreated):
+            if ev.status in OPEN_STATUSES:
+                self.replies[(sid, ev.msg_id)] = {"session_id": sid, "msg_id": ev.msg_id, "kind": ev.kind,
+                                                  "role": ev.role, "caller": ev.caller,
+                                                  "started_at": ev.started_at or rec.ts, "length": len(ev.content)}
+        elif isinstance(ev, MessageFinalized):
+            self.replies.pop((sid, ev.msg_id), None)
+        elif isinstance(ev, SessionDeleted):
+            self.drop(sid)
+
+    def drop(self, sid: str) -> None:
+        for key in [k for k in self.replies if k[0] == sid]:
+            del self.replies[key]
+
+
 @asynccontextmanager
-async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamLog, Registry, Leases]]:
-    """The shared stream (created if missing) with the registry folded from
-    it, and the lease bucket."""
-    registry = Registry()
+async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamLog, Registry, Leases, RunningIndex]]:
+    """The shared stream (created if missing) with the registry and the
+    running replies folded from it, and the lease bucket."""
+    registry, running = Registry(), RunningIndex()
     t0 = time.monotonic()
     async with open_jetstream_log(list(config.backend), stream=config.stream,
                                   prefix=config.subject_prefix or default_prefix(config.stream), replicas=config.replicas,
-                                  replay=True, listeners=[registry.apply]) as es:
+                                  replay=True, listeners=[registry.apply, running.apply]) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
         es.replay_seconds = time.monotonic() - t0
         leases = await Leases.open(es, ttl=config.lease_ttl, replicas=config.replicas)
-        yield es, registry, leases
+        yield es, registry, leases, running
 
 
 class Worker:
     """The store's side of sharing the stream (see the module's header)."""
 
-    def __init__(self, store: SessionStore, es: JetStreamLog, leases: Leases) -> None:
-        self.store, self.es, self.leases = store, es, leases
+    def __init__(self, store: SessionStore, es: JetStreamLog, leases: Leases, running: RunningIndex) -> None:
+        self.store, self.es, self.leases, self.running = store, es, leases, running
         self.swept: list[tuple[str, str]] = []   # replies this worker's sweeper finalized
         self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
         self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
@@ -123,6 +155,9 @@ class Worker:
         for rec in records:
             store.registry.apply(sid, rec, end)
         store._states.pop(sid, None)
+        self.running.drop(sid)
+        for rec in records:
+            self.running.apply(sid, rec, end)
         if sid in store._loading:
             self._reset_loading.add(sid)
         new = store.registry.get(sid)

@@ -646,10 +646,10 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
     config = config or StoreConfig()
     root = os.path.abspath(root)
     if config.backend:
-        async with open_worker_log(config) as (stream, registry, leases):
+        async with open_worker_log(config) as (stream, registry, leases, index):
             store = SessionStore(root, stream, fs, config, titler or KeywordTitler())  # type: ignore[arg-type]
             store.registry = registry
-            store.worker = worker = Worker(store, stream, leases)
+            store.worker = worker = Worker(store, stream, leases, index)
             await start_worker(store, worker)
             async with _running(store, worker) as running:
                 yield running

@@ -1,0 +1,123 @@
+"""The NATS side of the JetStream backend (jetstream.py, leases.py): nats-py
+is asyncio-only, so it runs on an asyncio loop in a thread of its own that
+trio code crosses into, one crossing per batch (`AsyncioThread`); and
+streams are made and waited for until they have a leader (`until_led`), a
+cluster just started being a moment away from taking a publish.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import trio
+
+from .errors import StoreBroken
+
+T = TypeVar("T")
+
+
+class AsyncioThread:
+    """An asyncio loop in a thread of its own; trio awaits coroutines on it,
+    one crossing each (the thread is joined when its `open_` block exits)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sessionlog-nats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def run(self, make: Callable[[], Awaitable[T]]) -> T:
+        async def wrapped() -> T:
+            return await make()
+        fut = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        fut.add_done_callback(lambda _: token.run_sync_soon(done.set))
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            fut.cancel()
+            raise
+        return fut.result()
+
+    def stop(self) -> None:
+        """End every task left on the loop (the client's readers and pingers),
+        then the loop and its thread."""
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(10)
+        except Exception:  # noqa: BLE001 - stopping regardless
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+# A stream's config refused for good: its subjects overlap another stream's;
+# the name is in use with another config. (10005, "no suitable peers for
+# placement", is a cluster still forming: retried.)
+_CONFIG_REFUSED: Final = (10065, 10058)
+
+
+async def until_led(js: Any, stream: str, create: Callable[[], Awaitable[T]], within: float = 30.0) -> T:
+    """Run `create` (an idempotent add_stream or create_key_value of
+    `stream`) until the cluster has taken it and the stream has a leader: a
+    cluster just started elects its meta leader first, a new stream its own
+    a moment later, and a publish before that finds no responder."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            made = await create()
+            cluster = (await js.stream_info(stream)).cluster
+            if cluster is None or cluster.leader:
+                return made
+            error: Exception = TimeoutError(f"stream {stream} has no leader after {within:.0f} s")
+        except Exception as e:  # noqa: BLE001 - retried until the deadline, then raised
+            if getattr(e, "err_code", None) in _CONFIG_REFUSED:  # no retry mends these
+                raise
+            error = e
+        if time.monotonic() > deadline:
+            raise error
+        await asyncio.sleep(0.2)
+
+
+def unanswered(error: BaseException) -> bool:
+    """A publish that may not have reached a leader, or whose ack was lost:
+    retried with the same message id, it is stored once."""
+    import nats.errors
+    import nats.js.errors
+    return (isinstance(error, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
+                               nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError,
+                               nats.js.errors.ServiceUnavailableError)))
+
+
+async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create: bool) -> None:
+    """The stream, made if missing (`create`), else only looked up."""
+    from nats.js.errors import NotFoundError
+    if not create:  # (read only: verify, migrate from it)
+        try:
+            await js.stream_info(stream)
+        except NotFoundError:
+            raise StoreBroken(f"there is no stream {stream} on the NATS servers") from None
+        return
+    try:
+        await until_led(js, stream, lambda: js.add_stream(name=stream, subjects=[f"{prefix}.>"],
+                                                          num_replicas=replicas, duplicate_window=120.0))
+    except Exception as e:
+        if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
+            raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
+                              "on the NATS servers; choose another stream name") from None
+        raise
+
+
+def default_prefix(stream: str) -> str:
+    """The subjects' prefix of a worker's stream (a session's: <prefix>.<id>)."""
+    return f"sl.{stream}"
