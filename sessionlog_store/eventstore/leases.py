@@ -27,11 +27,12 @@ import time
 from typing import Any, Final
 
 import msgspec
+import trio
 
 from .errors import UnknownSession
 from .events import MessageFinalized
 from .jetstream import JetStreamLog
-from .natsio import until_led
+from .natsio import unanswered, until_led
 
 log = logging.getLogger("sessionlog.leases")
 
@@ -93,14 +94,28 @@ class Leases:
     def _value(self) -> bytes:
         return _ENCODE.encode(Lease(self.worker, time.time() + self.ttl))
 
-    async def acquire(self, session_id: str, msg_id: str) -> None:
-        key, kv, value = lease_key(session_id, msg_id), self.kv, self._value()
-        try:
-            self._revisions[key] = await self.log._bridge.run(lambda: kv.create(key, value))
-        except Exception as e:
-            if type(e).__name__ == "KeyWrongLastSequenceError":
-                raise LeaseTaken(key) from None
-            raise
+    async def acquire(self, session_id: str, msg_id: str, retry_for: float = 30.0) -> None:
+        """Make the reply's lease; LeaseTaken if it exists. A try that gets no
+        answer (a leader election) is made again for `retry_for` seconds; if
+        the entry then exists with this worker's name, that try made it."""
+        key, kv, value, run = lease_key(session_id, msg_id), self.kv, self._value(), self.log._bridge.run
+        deadline, unanswered_before = time.monotonic() + retry_for, False
+        while True:
+            try:
+                self._revisions[key] = await run(lambda: kv.create(key, value))
+                return
+            except Exception as e:
+                if type(e).__name__ == "KeyWrongLastSequenceError":
+                    if unanswered_before:
+                        entry = await run(lambda: kv.get(key))
+                        if entry.value and _DECODE.decode(entry.value).worker == self.worker:
+                            self._revisions[key] = entry.revision
+                            return
+                    raise LeaseTaken(key) from None
+                if not unanswered(e) or time.monotonic() > deadline:
+                    raise
+                unanswered_before = True
+            await trio.sleep(0.2)
 
     async def renew(self, session_id: str, msg_id: str) -> bool:
         """Move the deadline on; False: the lease was taken (stop writing the reply)."""

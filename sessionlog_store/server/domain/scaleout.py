@@ -40,6 +40,7 @@ from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.lifecycle import OPEN_STATUSES
 from sessionlog_store.projections.registry import Registry
+from sessionlog_store.server.domain.errors import ServiceError
 
 if TYPE_CHECKING:
     from sessionlog_store.server.domain.store import SessionStore, StoreConfig
@@ -181,7 +182,14 @@ class Worker:
     # -- leases -------------------------------------------------------------
 
     async def reply_starting(self, sid: str, msg_id: str) -> None:
-        await self.leases.acquire(sid, msg_id)
+        try:
+            await self.leases.acquire(sid, msg_id)
+        except LeaseTaken:
+            raise
+        except Exception as e:
+            log.warning("could not take the lease of reply %s: %s", lease_key(sid, msg_id), e)
+            raise ServiceError("unavailable", "the stream's servers did not answer in time (a leader election, "
+                                              "or too few nodes up); nothing was written, try again") from None
 
     async def reply_ended(self, sid: str, msg_id: str) -> None:
         try:

@@ -383,6 +383,8 @@ class Server:
                 raise  # the requester gets the real error (read_only, store_broken...)
             log.warning("reply in %s ended: %s", session_id, e)
         except Exception:
+            if not started:
+                raise  # (the placeholder was never written: the requester gets the error)
             log.exception("the agent failed in session %s", session_id)
         finally:
             self.quotas.end_reply(user)
