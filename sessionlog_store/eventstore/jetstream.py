@@ -60,7 +60,7 @@ import trio
 from .backend import RecordListener
 from .commit import Appended, CommitStatistics
 from .errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, UnknownSession
-from .events import Event, SessionCreated, SessionDeleted
+from .events import Event, MessageFinalized, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
 from .natsio import AsyncioThread, default_prefix, ensure_stream, unanswered, until_led
@@ -74,6 +74,10 @@ WRITER_HEADER = "Sessionlog-Writer"
 WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
+# Reading a session: this many messages one direct get each, the rest from
+# an ordered consumer (thousands of gets took seconds; a consumer costs a
+# few round trips to make and delivers ~100k messages/s).
+DIRECT_GETS: Final = 16
 # `import_log` puts a log on the stream in messages of at most this many
 # bytes (the servers' max_payload is 1 MiB by default; a longer line goes alone).
 IMPORT_CHUNK: Final = 512 * 1024
@@ -123,8 +127,11 @@ class JetStreamLog:
         # after each durable batch (records, perf_counter() of its first record, of its ack).
         self.append_listeners: list[Callable[[str], None]] = []
         self.batch_listeners: list[Callable[[int, float, float], None]] = []
-        # After the listeners saw one message of another writer (session id, its records).
-        self.remote_listeners: list[Callable[[str, list[Record]], None]] = []
+        # Another writer's records (session id, the records, whether the
+        # listeners saw them): True from the tail; False after a rebase, when
+        # only the reset listeners did (the fold is theirs; the rest is not).
+        self.remote_listeners: list[Callable[[str, list[Record], bool], None]] = []
+        self._purged: dict[str, int] = {}  # a session removed here: the stream sequence its purge covered
         self.journal = None  # (no write-ahead journal: the stream is the log)
         self._stats = [0, 0, 0, 0]  # batches, records, largest batch, messages published
         self.bytes_appended = 0
@@ -335,8 +342,13 @@ class JetStreamLog:
         deleted the session. The reset listeners fold it again."""
         self.conflicts += 1
         old = self._sessions[session_id]
-        data, last = await self._messages(session_id)
-        records = scan(session_id, data).records
+        data, last, marks = await self._messages(session_id)
+        with_end = list(with_ends(scan(session_id, data).records, data, 0))
+        records = [rec for rec, _ in with_end]
+        # what the other writer(s) appended since this log's last look: never told the listeners
+        seen_to = max([end for seq, end in marks if seq <= old.stream_seq], default=0)
+        foreign = [rec for rec, end in with_end if end > seen_to]
+        finalized = {r.event.msg_id for r in records if isinstance(r.event, MessageFinalized)}
         pending = refused + self._filling.pop(session_id, [])
         new = self._sessions[session_id] = _Session()
         new.born = old.born
@@ -353,17 +365,37 @@ class JetStreamLog:
                 records = []
         else:
             rebased = self._filling.setdefault(session_id, [])
+            dropped = False
             for old_seq, line in pending:
                 rec = decode_record(line)
+                ev = rec.event
+                # A finalize of a message the other writer finalized (a stop racing
+                # the reply's own end, two sweepers): checked before, void now.
+                # The idle flag that came with it goes too.
+                if (isinstance(ev, MessageFinalized) and ev.msg_id in finalized) or \
+                        (dropped and isinstance(ev, SessionFlags) and ev.status == "idle"):
+                    old.renumber[old_seq] = new.durable_seq
+                    dropped = isinstance(ev, MessageFinalized)
+                    continue
+                dropped = False
                 new.last_seq += 1
                 line = encode_record(new.last_seq, rec.ts, rec.event)
                 new.end += len(line)
                 old.renumber[old_seq] = new.last_seq
                 rebased.append((new.last_seq, line))
                 records.append(Record(new.last_seq, rec.ts, rec.event))
+            if not rebased:
+                del self._filling[session_id]
             self._wake.set()
         for listener in self.reset_listeners:
             listener(session_id, records, new.end)
+        if foreign:
+            for rl in self.remote_listeners:
+                rl(session_id, foreign, False)
+        if new.deferred and not new.pending:  # (refused: nothing of ours in flight)
+            deferred, new.deferred = new.deferred, []
+            for chunk, stream_seq in deferred:
+                self._take_foreign(self.subject(session_id), chunk, stream_seq)
         self._durable.set()
         self._durable = trio.Event()
 
@@ -376,6 +408,8 @@ class JetStreamLog:
         sess = self._sessions.get(sid)
         if sess is not None and stream_seq <= sess.stream_seq:
             return  # read already (by a rebase or an adopt)
+        if sess is None and stream_seq <= self._purged.get(sid, 0):
+            return  # a message of a session removed here, the tail late with it
         if sess is not None and sess.pending:
             # its seqs may be the ones this log gave its own records: after the
             # ack (stored after ours), or read again by the rebase (before)
@@ -397,7 +431,7 @@ class JetStreamLog:
         sess.end += len(data)
         if taken:
             for rl in self.remote_listeners:
-                rl(sid, taken)
+                rl(sid, taken, True)
         self._durable.set()
         self._durable = trio.Event()
 
@@ -409,30 +443,28 @@ class JetStreamLog:
         js, worker, stream = self._js, self.worker, self.stream
         delivered = [0]  # messages the tail got (on the asyncio thread)
 
-        async def subscribe() -> tuple[Any, int]:
+        async def subscribe() -> Any:
             from nats.js.api import DeliverPolicy
-            at_start = int((await js.stream_info(stream)).state.messages or 0) if replay else 0
 
             async def on_message(msg: Any) -> None:
                 delivered[0] += 1
                 if (msg.headers or {}).get(WRITER_HEADER) == worker:
                     return
                 token.run_sync_soon(self._take_foreign, msg.subject, msg.data or b"", msg.metadata.sequence.stream)
-            sub = await js.subscribe(f"{self.prefix}.>", stream=stream, cb=on_message, ordered_consumer=True,
-                                     deliver_policy=DeliverPolicy.ALL if replay else DeliverPolicy.NEW)
-            return sub, at_start
-        self._tail_sub, at_start = await self._bridge.run(subscribe)
-        sub = self._tail_sub
+            return await js.subscribe(f"{self.prefix}.>", stream=stream, cb=on_message, ordered_consumer=True,
+                                      deliver_policy=DeliverPolicy.ALL if replay else DeliverPolicy.NEW)
+        self._tail_sub = sub = await self._bridge.run(subscribe)
         while replay:
-            # Caught up: nothing pending on the server, and as many messages
-            # delivered as the stream held (none, after purges, for a stream
-            # whose sequence is far on). Their _take_foreign calls were queued
-            # before the crossing's own wake-up: all have run when it returns.
-            async def progress() -> tuple[int, int]:
+            # Caught up: nothing left on the server for the consumer, and every
+            # message it sent taken by on_message (the server's count of what
+            # it delivered: a message purged meanwhile is in neither). Their
+            # _take_foreign calls were queued before this crossing's own
+            # wake-up: all have run when it returns.
+            async def progress() -> tuple[int, int, int]:
                 info = await sub.consumer_info()
-                return int(info.num_pending or 0), delivered[0]
-            pending, got = await self._bridge.run(progress)
-            if pending == 0 and got >= at_start:
+                return int(info.num_pending or 0), int(info.delivered.consumer_seq or 0), delivered[0]
+            pending, sent, got = await self._bridge.run(progress)
+            if pending == 0 and got >= sent:
                 return
             await trio.sleep(0.02)
 
@@ -460,34 +492,61 @@ class JetStreamLog:
         """The session's lines, acknowledged ones, as its log file would hold them."""
         self._session(session_id)
         await self.flush()
-        data, _ = await self._messages(session_id)
+        data, _, _ = await self._messages(session_id)
         return data
 
     # -- reads and removal --------------------------------------------------
 
-    async def _messages(self, session_id: str) -> tuple[bytes, int]:
-        """The session's lines as the stream holds them, and the stream
-        sequence of its last message (0: none)."""
+    async def _messages(self, session_id: str) -> tuple[bytes, int, list[tuple[int, int]]]:
+        """The session's lines as the stream holds them, the stream sequence
+        of its last message (0: none), and each message's (stream sequence,
+        offset just past it in the lines)."""
         subject, js, stream = self.subject(session_id), self._js, self.stream
 
-        async def messages() -> tuple[bytes, int]:
+        async def messages() -> tuple[bytes, int, list[tuple[int, int]]]:
+            from nats.js.api import ConsumerConfig, DeliverPolicy
             from nats.js.errors import NotFoundError
-            data, seq, last = b"", 1, 0
-            while True:
+            parts: list[bytes] = []
+            marks: list[tuple[int, int]] = []
+            seq, end = 1, 0
+
+            def take(data: bytes | None, stream_seq: int) -> None:
+                nonlocal end
+                parts.append(data or b"")
+                end += len(data or b"")
+                marks.append((stream_seq, end))
+            # A short session: one get a message. A long one (a rebase or load
+            # of thousands) from an ordered consumer, up to its last message now.
+            while len(marks) < DIRECT_GETS:
                 try:
                     msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
                 except NotFoundError:
-                    return data, last
-                data += msg.data or b""
-                seq = last = msg.seq
-                seq += 1
+                    return b"".join(parts), (marks[-1][0] if marks else 0), marks
+                take(msg.data, msg.seq)
+                seq = msg.seq + 1
+            try:
+                last = (await js.get_last_msg(stream, subject)).seq
+            except NotFoundError:  # purged meanwhile
+                return b"", 0, []
+            if last >= seq:
+                sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq))
+                try:
+                    while True:
+                        msg = await sub.next_msg(timeout=30)
+                        take(msg.data, msg.metadata.sequence.stream)
+                        if msg.metadata.sequence.stream >= last:
+                            break
+                finally:
+                    await sub.unsubscribe()
+            return b"".join(parts), marks[-1][0], marks
         return await self._bridge.run(messages)
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         """The session's acknowledged records with seq > after_seq."""
         self._session(session_id)
         await self.flush()
-        data, _ = await self._messages(session_id)
+        data, _, _ = await self._messages(session_id)
         return [r for r in scan(session_id, data).records if r.seq > after_seq]
 
     async def import_log(self, session_id: str, data: bytes) -> None:
@@ -528,19 +587,18 @@ class JetStreamLog:
         sess.stream_seq, sess.end = last, len(data)
 
     async def adopt(self, session_id: str) -> list[Record]:
-        """Know a session another writer made before this log opened (its
-        seq and fence from the stream); returns its records. UnknownSession
-        if the stream has none."""
-        data, last = await self._messages(session_id)
+        """The session's records as the stream holds them now (UnknownSession
+        if it has none). The messages this log had not seen yet go the tail's
+        way (the listeners, or deferred while records of ours are in flight),
+        so that what the listeners fold stays the stream's."""
+        data, _, marks = await self._messages(session_id)
         records = scan(session_id, data).records
         if not records:
             raise UnknownSession(session_id)
-        sess = self._sessions.get(session_id)
-        if sess is None or sess.deleted:
-            sess = self._sessions[session_id] = _Session()
-        sess.last_seq = max(sess.last_seq, records[-1].seq)
-        sess.durable_seq = max(sess.durable_seq, records[-1].seq)
-        sess.stream_seq, sess.end = max(sess.stream_seq, last), max(sess.end, len(data))
+        start = 0
+        for stream_seq, end in marks:
+            self._take_foreign(self.subject(session_id), data[start:end], stream_seq)
+            start = end
         return records
 
     async def remove(self, session_id: str) -> None:
@@ -554,6 +612,7 @@ class JetStreamLog:
         except Exception as e:
             self._fail(e)
             raise StoreBroken(f"purging {subject} failed: {e}") from e
+        self._purged[session_id] = sess.stream_seq
         del self._sessions[session_id]
 
 

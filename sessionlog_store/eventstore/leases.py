@@ -22,6 +22,7 @@ on the entry's revision:
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Final
@@ -119,18 +120,54 @@ class Leases:
 
     async def renew(self, session_id: str, msg_id: str) -> bool:
         """Move the deadline on; False: the lease was taken (stop writing the reply)."""
-        key, kv, value = lease_key(session_id, msg_id), self.kv, self._value()
-        last = self._revisions.get(key)
-        if last is None:
+        key = lease_key(session_id, msg_id)
+        if key not in self._revisions:
             return False
-        try:
-            self._revisions[key] = await self.log._bridge.run(lambda: kv.update(key, value, last=last))
-            return True
-        except Exception as e:
-            if type(e).__name__ == "KeyWrongLastSequenceError":
-                del self._revisions[key]
-                return False
-            raise
+        held = (await self.renew_all([key]))[key]
+        if held is None:
+            raise TimeoutError(f"lease {key}: no answer")
+        return held
+
+    async def renew_all(self, keys: list[str] | None = None) -> dict[str, bool | None]:
+        """Move on the deadline of every lease this worker holds (or of
+        `keys`), all at once in one crossing. Each is True (renewed), False
+        (taken by another worker: stop writing that reply) or None (no
+        answer: a leader election; try again). A renewal whose answer was
+        lost, or a refusal, is checked against the entry: if it holds this
+        worker's name it is still ours."""
+        kv, value = self.kv, self._value()
+        todo = [(k, self._revisions[k]) for k in (keys if keys is not None else list(self._revisions))
+                if k in self._revisions]
+
+        async def renew() -> list[Any]:
+            from nats.js.errors import KeyNotFoundError
+
+            async def one(key: str, last: int) -> Any:
+                try:
+                    return await kv.update(key, value, last=last)
+                except Exception as e:  # noqa: BLE001 - sorted out below
+                    try:
+                        entry = await kv.get(key)
+                    except KeyNotFoundError:  # (deleted too) taken, its reply finalized by the taker
+                        return False
+                    except Exception:  # noqa: BLE001 - no answer either: unknown
+                        return None
+                    if entry.value and _DECODE.decode(entry.value).worker == self.worker:
+                        return entry.revision  # ours still (the lost answer's update, or ours unchanged)
+                    return False if type(e).__name__ == "KeyWrongLastSequenceError" else None
+            return list(await asyncio.gather(*(one(k, last) for k, last in todo)))
+        out: dict[str, bool | None] = {}
+        for (key, _), got in zip(todo, await self.log._bridge.run(renew)):
+            if got is False:
+                self._revisions.pop(key, None)
+                out[key] = False
+            elif got is None:
+                out[key] = None
+            else:
+                if key in self._revisions:  # (released meanwhile: stays released)
+                    self._revisions[key] = int(got)
+                out[key] = True
+        return out
 
     async def release(self, session_id: str, msg_id: str) -> None:
         key, kv = lease_key(session_id, msg_id), self.kv

@@ -40,6 +40,7 @@ from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.lifecycle import OPEN_STATUSES
 from sessionlog_store.projections.registry import Registry
+from sessionlog_store.projections.session import SessionState
 from sessionlog_store.server.domain.errors import ServiceError
 
 if TYPE_CHECKING:
@@ -106,8 +107,17 @@ class Worker:
 
     # -- other workers' records ---------------------------------------------
 
-    def on_remote(self, sid: str, records: list[Record]) -> None:
+    def on_remote(self, sid: str, records: list[Record], applied: bool) -> None:
         store = self.store
+        if not applied:
+            # Folded by a rebase (on_reset: the row, the state, the row's push):
+            # what remains is what the listener would have told.
+            state = store._states.get(sid)
+            for rec in records:
+                store._tell(sid, rec, state)
+                if isinstance(rec.event, MessageFinalized):
+                    self._finished_elsewhere(sid, rec.event)
+            return
         before = store._row_before.pop(sid, None)
         kinds = {type(r.event) for r in records}
         for rec in records:
@@ -153,9 +163,13 @@ class Worker:
         store._row_before.pop(sid, None)
         old = store.registry.get(sid)
         store.registry.put(None, sid)
+        state = None if store._states.pop(sid, None) is None or not records else SessionState()
         for rec in records:
             store.registry.apply(sid, rec, end)
-        store._states.pop(sid, None)
+            if state is not None:
+                state.apply(rec, end)
+        if state is not None:
+            store._states[sid] = state
         self.running.drop(sid)
         for rec in records:
             self.running.apply(sid, rec, end)
@@ -198,24 +212,30 @@ class Worker:
             log.warning("could not release the lease of reply %s: %s", lease_key(sid, msg_id), e)
 
     async def renew_loop(self) -> None:
+        """Every third of the leases' time to live, renew all of this worker's
+        at once (replies still writing their placeholder included)."""
         while True:
             await trio.sleep(self.leases.ttl / 3)
-            for (sid, msg_id), msg in list(self.store.saver.active.items()):
-                if msg.finished:
+            try:
+                results = await self.leases.renew_all()
+            except Exception as e:  # noqa: BLE001 - the stream unavailable: the next round tries again
+                log.warning("could not renew the leases: %s", e)
+                continue
+            unknown = sum(1 for held in results.values() if held is None)
+            if unknown:
+                log.warning("%d lease renewals got no answer (a leader election?); trying again", unknown)
+            for key, held in results.items():
+                if held is not False:
                     continue
-                try:
-                    held = await self.leases.renew(sid, msg_id)
-                except Exception as e:  # noqa: BLE001 - a leader election: the next round tries again
-                    log.warning("could not renew the lease of reply %s: %s", lease_key(sid, msg_id), e)
-                    continue
-                if not held and not msg.finished:
-                    log.error("reply %s: its lease was taken by another worker; it stops here",
-                              lease_key(sid, msg_id))
+                sid, msg_id = key.split(".", 1)
+                msg = self.store.saver.active.get((sid, msg_id))
+                log.error("reply %s: its lease was taken by another worker; it stops here", key)
+                self.lost.append((sid, msg_id))
+                if msg is not None and not msg.finished:
                     msg.finished = True
                     self.store.saver.end(msg)
                     msg.abort_reason = "lease lost"
                     msg.scope.cancel()
-                    self.lost.append((sid, msg_id))
 
     async def sweep_once(self) -> list[tuple[str, str]]:
         done = await self.leases.sweep()

@@ -138,6 +138,12 @@ class SessionStore(Replies):
         buf = self._loading.get(sid)
         if buf is not None:
             buf.append((rec, end))
+        self._tell(sid, rec, state, old_row)
+
+    def _tell(self, sid: str, rec: Record, state: SessionState | None, old_row: SessionMeta | None = None) -> None:
+        """What a record folded into the projections means for subscribers
+        and watchers (scaleout.py calls it for other workers' records a
+        rebase folded)."""
         ev = rec.event
         if type(ev) is MessageProgress:
             if self.hub.wants(sid, ev.msg_id):
@@ -178,6 +184,14 @@ class SessionStore(Replies):
             return
         finally:
             self.publishing -= 1
+        state = self._states.get(sid) if self.worker is not None else None
+        m = state.messages.get(update.msg_id) if state is not None else None
+        if m is not None and m.status != update.status:
+            # On a shared stream another worker's finalize came first (a rebase
+            # dropped this one): the end the stream holds is the one to tell.
+            update = msgspec.structs.replace(
+                update, status=m.status, content_delta=m.content, error=m.error, tokens=m.tokens,
+                aborted_reason=m.metadata.get("aborted_reason"), seq=m.seq)
         self.hub.publish(update)
 
     def _store_failed(self, error: BaseException) -> None:
