@@ -59,7 +59,7 @@ import trio
 
 from .backend import RecordListener
 from .commit import Appended, CommitStatistics
-from .errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, UnknownSession
+from .errors import CorruptRecord, RecordTooLarge, SessionExists, StoreBroken, StoreClosed, UnknownSession
 from .events import Event, MessageFinalized, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
@@ -81,6 +81,19 @@ DIRECT_GETS: Final = 16
 # `import_log` puts a log on the stream in messages of at most this many
 # bytes (the servers' max_payload is 1 MiB by default; a longer line goes alone).
 IMPORT_CHUNK: Final = 512 * 1024
+def _split(items: list[tuple[int, bytes]], limit: int) -> list[list[tuple[int, bytes]]]:
+    """A session's (seq, line)s in runs of at most `limit` bytes (a line is never over it: _add refuses)."""
+    out: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for item in items:
+        if out[-1] and size + len(item[1]) > limit:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += len(item[1])
+    return out
+
+
 class _Session:
     __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
                  "renumber", "refused")
@@ -136,6 +149,9 @@ class JetStreamLog:
         self._stats = [0, 0, 0, 0]  # batches, records, largest batch, messages published
         self.bytes_appended = 0
         self._opened = 0.0  # perf_counter() of the filling batch's first record
+        # The most bytes one message may hold: the servers' max_payload less
+        # room for the headers (set from the connection by open_jetstream_log).
+        self.max_message = 1024 * 1024 - 4096
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._sessions: dict[str, _Session] = {}
         self._filling: dict[str, list[tuple[int, bytes]]] = {}
@@ -198,12 +214,18 @@ class JetStreamLog:
     def _add(self, session_id: str, sess: _Session, events: Sequence[Event]) -> list[Appended]:
         ts = time.time()
         out = []
+        # Encode everything first: a record over the servers' message size
+        # leaves the session unchanged.
+        lines = [encode_record(sess.last_seq + i, ts, ev) for i, ev in enumerate(events, 1)]
+        big = max((len(line) for line in lines), default=0)
+        if big > self.max_message:
+            raise RecordTooLarge(f"a record of {big} bytes is over what the NATS servers take in one message "
+                                 f"({self.max_message} bytes: raise max_payload on the servers)")
         if not self._filling:
             self._opened = time.perf_counter()
         pending = self._filling.setdefault(session_id, [])
-        for ev in events:
+        for ev, line in zip(events, lines):
             sess.last_seq += 1
-            line = encode_record(sess.last_seq, ts, ev)
             sess.end += len(line)
             pending.append((sess.last_seq, line))
             rec = Record(sess.last_seq, ts, ev)
@@ -271,49 +293,64 @@ class JetStreamLog:
             opened = self._opened
             if not batch or self._broken is not None:
                 continue
-            fences = {sid: self._sessions[sid].stream_seq for sid in batch}
-            js = self._js
+            js, retry_for = self._js, self.retry_for
+            # Each session's lines in messages of at most max_message bytes: the
+            # first message of every session at once, then the second of those
+            # that have one (fenced on the first's ack), and so on.
+            chunks = {sid: _split(items, self.max_message) for sid, items in batch.items()}
+            fence = {sid: self._sessions[sid].stream_seq for sid in batch}
+            conflicted: list[tuple[str, list[tuple[int, bytes]]]] = []
+            failed: BaseException | None = None
+            published = 0
+            rnd = 0
+            while failed is None:
+                live = [sid for sid in batch if len(chunks[sid]) > rnd and sid not in {c for c, _ in conflicted}]
+                if not live:
+                    break
+                messages = [(self.subject(sid), b"".join(line for _, line in chunks[sid][rnd]), {
+                    "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{chunks[sid][rnd][0][0]}-{chunks[sid][rnd][-1][0]}",
+                    "Nats-Expected-Last-Subject-Sequence": str(fence[sid]),
+                    WRITER_HEADER: self.worker}) for sid in live]
+                published += sum(len(m[1]) for m in messages)
 
-            messages = [(self.subject(sid), b"".join(line for _, line in items), {
-                "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{items[0][0]}-{items[-1][0]}",
-                "Nats-Expected-Last-Subject-Sequence": str(fences[sid]),
-                WRITER_HEADER: self.worker}) for sid, items in batch.items()]
-            retry_for = self.retry_for
-
-            async def publish_all() -> list[Any]:
-                """Every message at once; those not answered again, with the same
-                headers (the id makes a retry of a stored one a duplicate ack,
-                checked before the fence), until `retry_for` has passed."""
-                acks: list[Any] = [None] * len(messages)
-                todo, deadline = list(range(len(messages))), time.monotonic() + retry_for
-                while True:
-                    got = await asyncio.gather(*(js.publish(messages[i][0], messages[i][1], headers=messages[i][2])
-                                                 for i in todo), return_exceptions=True)
-                    for i, ack in zip(todo, got):
-                        acks[i] = ack
-                    todo = [i for i in todo if isinstance(acks[i], BaseException) and unanswered(acks[i])]
-                    if not todo or time.monotonic() > deadline:
-                        return acks
-                    self.retries += len(todo)
-                    await asyncio.sleep(0.1)
-            try:
-                acks = await self._bridge.run(publish_all)
-            except Exception as e:  # the crossing itself failed
-                acks = [e] * len(batch)
-            failed = next((a for a in acks if isinstance(a, BaseException)
-                           and getattr(a, "err_code", None) not in WRONG_LAST_SEQUENCE), None)
+                async def publish_all() -> list[Any]:
+                    """Every message at once; those not answered again, with the same
+                    headers (the id makes a retry of a stored one a duplicate ack,
+                    checked before the fence), until `retry_for` has passed."""
+                    acks: list[Any] = [None] * len(messages)
+                    todo, deadline = list(range(len(messages))), time.monotonic() + retry_for
+                    while True:
+                        got = await asyncio.gather(*(js.publish(messages[i][0], messages[i][1],
+                                                                headers=messages[i][2]) for i in todo),
+                                                   return_exceptions=True)
+                        for i, ack in zip(todo, got):
+                            acks[i] = ack
+                        todo = [i for i in todo if isinstance(acks[i], BaseException) and unanswered(acks[i])]
+                        if not todo or time.monotonic() > deadline:
+                            return acks
+                        self.retries += len(todo)
+                        await asyncio.sleep(0.1)
+                try:
+                    acks = await self._bridge.run(publish_all)
+                except Exception as e:  # the crossing itself failed
+                    acks = [e] * len(live)
+                for sid, ack in zip(live, acks):
+                    sess = self._sessions[sid]
+                    if not isinstance(ack, BaseException):
+                        fence[sid] = ack.seq
+                        sess.stream_seq = max(sess.stream_seq, ack.seq)
+                        sess.durable_seq = max(sess.durable_seq, chunks[sid][rnd][-1][0])
+                    elif getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
+                        conflicted.append((sid, [item for chunk in chunks[sid][rnd:] for item in chunk]))
+                    else:
+                        failed = ack
+                rnd += 1
             if failed is not None:
                 self._fail(failed)
                 continue
-            conflicted = []
-            for (sid, items), ack in zip(batch.items(), acks):
+            for sid in batch:
                 sess = self._sessions[sid]
-                if isinstance(ack, BaseException):
-                    conflicted.append((sid, items))
-                    continue
-                sess.stream_seq = max(sess.stream_seq, ack.seq)
-                sess.durable_seq = max(sess.durable_seq, items[-1][0])
-                if sess.deferred and not sess.pending:  # others' messages stored after this one
+                if sess.deferred and not sess.pending:  # others' messages stored after ours
                     deferred, sess.deferred = sess.deferred, []
                     for data, stream_seq in deferred:
                         self._take_foreign(self.subject(sid), data, stream_seq)
@@ -321,7 +358,7 @@ class JetStreamLog:
             records = sum(len(items) for sid, items in batch.items() if sid not in refused)
             st = self._stats
             st[0], st[1], st[2], st[3] = st[0] + 1, st[1] + records, max(st[2], records), st[3] + len(batch)
-            self.bytes_appended += sum(len(m[1]) for m in messages)
+            self.bytes_appended += published
             now = time.perf_counter()
             for bl in self.batch_listeners:
                 bl(records, opened, now)
@@ -549,40 +586,55 @@ class JetStreamLog:
         data, _, _ = await self._messages(session_id)
         return [r for r in scan(session_id, data).records if r.seq > after_seq]
 
-    async def import_log(self, session_id: str, data: bytes) -> None:
+    async def import_log(self, session_id: str, data: bytes, *, after: int = 0) -> None:
         """Put a session's log on the stream byte for byte (its records keep
         their seqs and times), as a new session: what `sessionlog migrate`
         does. In messages of whole lines up to IMPORT_CHUNK bytes, each fenced
-        on the one before; SessionExists if the stream has the session."""
+        on the one before, each sent again while unanswered (its id makes a
+        retry stored once); SessionExists if the stream has the session.
+        `after`: the stream holds the first `after` bytes already (an
+        interrupted import): the rest follows them."""
         self._check_open()
-        subject, js, worker = self.subject(session_id), self._js, self.worker
+        subject, js, worker, retry_for = self.subject(session_id), self._js, self.worker, self.retry_for
         records = scan(session_id, data).records
         if not records:
             raise ValueError(f"session {session_id}: no record to import")
-        if session_id in self:
+        fence = 0
+        if after:
+            fence = self._session(session_id).stream_seq
+        elif session_id in self:
             raise SessionExists(f"session {session_id!r} is on {subject} already")
-        chunks, start = [], 0
+        chunks, start = [], after
         while start < len(data):
             cut = data.rfind(b"\n", start, start + IMPORT_CHUNK) + 1 or data.index(b"\n", start) + 1
-            chunks.append(data[start:cut])
+            chunks.append((start, data[start:cut]))
             start = cut
         tag = f"{zlib.crc32(data):08x}"
 
-        async def put() -> int:
-            fence = 0
-            for i, chunk in enumerate(chunks):
-                ack = await js.publish(subject, chunk, headers={
-                    "Nats-Msg-Id": f"{session_id}:import:{tag}:{i}",
-                    "Nats-Expected-Last-Subject-Sequence": str(fence), WRITER_HEADER: worker})
-                fence = ack.seq
+        async def put(fence: int) -> int:
+            for offset, chunk in chunks:
+                headers = {"Nats-Msg-Id": f"{session_id}:import:{tag}:{offset}",
+                           "Nats-Expected-Last-Subject-Sequence": str(fence), WRITER_HEADER: worker}
+                deadline = time.monotonic() + retry_for
+                while True:
+                    try:
+                        fence = (await js.publish(subject, chunk, headers=headers)).seq
+                        break
+                    except Exception as e:
+                        if not unanswered(e) or time.monotonic() > deadline:
+                            raise
+                        self.retries += 1
+                        await asyncio.sleep(0.2)
             return fence
         try:
-            last = await self._bridge.run(put)
+            last = await self._bridge.run(lambda: put(fence))
         except Exception as e:
             if getattr(e, "err_code", None) in WRONG_LAST_SEQUENCE:
                 raise SessionExists(f"session {session_id!r} is on {subject} already") from None
             raise
-        sess = self._sessions[session_id] = _Session()
+        sess = self._sessions.get(session_id)
+        if sess is None or sess.deleted:
+            sess = self._sessions[session_id] = _Session()
         sess.last_seq = sess.durable_seq = records[-1].seq
         sess.stream_seq, sess.end = last, len(data)
 
@@ -641,6 +693,7 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
 
             await bridge.run(lambda: ensure_stream(js, stream, prefix, replicas, create))
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for)
+            log.max_message = int(nc.max_payload) - 4096
             log.listeners.extend(listeners)
             with trio.fail_after(max(60.0, 6 * timeout)):
                 await log._start_tail(replay)

@@ -106,13 +106,21 @@ async def local_to_stream(fs: FileOps, root: str, target: StreamTarget,
 
 
 async def _put(log: JetStreamLog, sid: str, data: bytes, report: MigrateReport) -> None:
-    if sid in log:
-        if await log.log_bytes(sid) == data:
-            report.already += 1
+    try:
+        if sid in log:
+            have = await log.log_bytes(sid)
+            if have == data:
+                report.already += 1
+                return
+            if not (have and have.endswith(b"\n") and data.startswith(have)):
+                report.problems.append(f"{sid}: not copied: the stream holds another session of that id")
+                return
+            await log.import_log(sid, data, after=len(have))  # an interrupted copy: the rest
         else:
-            report.problems.append(f"{sid}: not copied: the stream holds another session of that id")
+            await log.import_log(sid, data)
+    except Exception as e:  # noqa: BLE001 - told, and the run goes on with the next session
+        report.problems.append(f"{sid}: not copied: {type(e).__name__}: {e} (run migrate again to finish it)")
         return
-    await log.import_log(sid, data)
     if await log.log_bytes(sid) != data:
         report.problems.append(f"{sid}: the copy on the stream differs from the source")
         return
