@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +14,7 @@ import pytest
 from sessionlog_store.eventstore.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state
 
-from .conftest import ROOT
+from .processes import NGINX_HEAD, NGINX_PROXY, ServeProcess, free_port, start_nginx, stop_nginx
 
 CHROMIUM = os.environ.get("SESSIONLOG_CHROMIUM", "/usr/bin/chromium")
 TOKEN = "browser-test-token"
@@ -38,51 +34,6 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         # selectors on animation frames, which a backgrounded tab does not get).
         "--disable-renderer-backgrounding", "--disable-background-timer-throttling",
         "--disable-backgrounding-occluded-windows"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServeProcess:
-    def __init__(self, root: str, port: int, speed: float = 25.0, extra: tuple[str, ...] = (),
-                 prefix: str = "") -> None:
-        self.root, self.port, self.speed, self.extra, self.prefix = root, port, speed, extra, prefix
-        self.proc: subprocess.Popen[str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}{self.prefix}/?token={TOKEN}"
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sessionlog_store", "serve", "--root", self.root, "--port", str(self.port),
-             "--token", TOKEN, "--agent-speed", str(self.speed), *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            assert line, self.proc.stderr.read() if self.proc.stderr else "server ended"
-            if "serving http://" in line:
-                return
-        raise AssertionError("server did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 @pytest.fixture
@@ -331,32 +282,13 @@ def test_the_page_works_under_a_path_prefix(tmp_path, browser):
         s.stop()
 
 
-NGINX = os.environ.get("SESSIONLOG_NGINX", "/usr/sbin/nginx")
-
-NGINX_CONF = """daemon off;
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log;
-events {{ worker_connections 128; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
-  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
-  map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
-  server {{
+NGINX_CONF = NGINX_HEAD + """  server {{
     listen 127.0.0.1:{port} ssl;
     ssl_certificate {d}/cert.pem;
     ssl_certificate_key {d}/key.pem;
     location /chat/ {{
       proxy_pass http://127.0.0.1:{backend};
-      proxy_http_version 1.1;
-      proxy_set_header Upgrade $http_upgrade;
-      proxy_set_header Connection $connection_upgrade;
-      proxy_set_header X-Forwarded-Host $http_host;
-      proxy_set_header X-Forwarded-Proto $scheme;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_read_timeout 3600s;
-    }}
+""" + NGINX_PROXY + """    }}
   }}
 }}
 """
@@ -366,32 +298,21 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
     """Issue 15 item 2: Debian's nginx in front (TLS with a self-signed
     certificate, the sub-path /chat/, the WebSocket upgrade); the page in
     Chromium and the Python client over wss:// both work through it."""
-    if not os.path.exists(NGINX):
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI needs nginx at {NGINX} (.ci/run installs Debian's nginx)")
-        pytest.skip(f"no nginx at {NGINX}: install Debian's `nginx` to run this test")
     d = tmp_path / "nginx"
-    (d / "tmp").mkdir(parents=True)
+    d.mkdir()
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
                     "-out", str(d / "cert.pem"), "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
     port, backend = free_port(), free_port()
-    (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port, backend=backend))
     s = ServeProcess(str(tmp_path / "store"), backend, speed=200.0,
                      extra=("--public-url", f"https://localhost:{port}/chat", "--forwarded-allow-ips", "127.0.0.1"))
     s.start()
-    proxy = subprocess.Popen([NGINX, "-p", str(d), "-c", str(d / "nginx.conf"), "-e", str(d / "error.log")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while True:  # nginx is up once it accepts connections
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proxy.poll() is None, proxy.stderr.read() if proxy.stderr else "nginx ended"
-                assert time.monotonic() < deadline, "nginx did not start"
-                time.sleep(0.05)
+        proxy = start_nginx(d, NGINX_CONF.format(d=d, port=port, backend=backend), port)
+    except BaseException:
+        s.stop()
+        raise
+    try:
         ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 800})
         page = ctx.new_page()
         errors: list[str] = []
@@ -416,8 +337,7 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
                 return len((await c.request("list_sessions"))["rows"])
         assert trio.run(over_wss) == 1
     finally:
-        proxy.terminate()
-        proxy.wait(10)
+        stop_nginx(proxy)
         s.stop()
 
 

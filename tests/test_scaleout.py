@@ -7,11 +7,6 @@ client was told is lost. Also: serve refuses an R1 stream and servers that
 do not fsync before they ack, each with the flag that accepts the risk."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,67 +15,30 @@ import trio
 
 from sessionlog_store.server.edge.client import open_client
 
-from .conftest import ROOT, run_cli
+from .conftest import run_cli
 from .nats_cluster import NatsCluster, _free_ports
+from .processes import ServeProcess
+from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
 
 TOKEN = "scaleout-token"
 
 
-class Worker:
-    """One `sessionlog serve` process on the cluster."""
+class Worker(ServeProcess):
+    """One `sessionlog serve --backend nats://…` process on the cluster."""
 
     def __init__(self, cluster: NatsCluster, root: Path, port: int, stream: str, *extra: str) -> None:
-        self.cluster, self.root, self.port, self.stream, self.extra = cluster, root, port, stream, extra
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        monitors = [a for i in range(3) for a in ("--nats-monitor", f"http://127.0.0.1:{self.cluster.http_ports[i]}")]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sessionlog_store", "serve", "--root", str(self.root), "--port", str(self.port),
-             "--token", TOKEN, "--backend", ",".join(self.cluster.urls), "--nats-stream", self.stream,
-             *monitors, "--lease-ttl", "2", *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            assert line, self.proc.stderr.read() if self.proc.stderr else "the worker ended"
-            if "serving http://" in line:
-                return
-        raise AssertionError("the worker did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    c = NatsCluster(tmp_path_factory.mktemp("nats"))
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+        monitors = [a for p in cluster.http_ports for a in ("--nats-monitor", f"http://127.0.0.1:{p}")]
+        super().__init__(str(root), port, token=TOKEN, extra=(
+            "--backend", ",".join(cluster.urls), "--nats-stream", stream, *monitors, "--lease-ttl", "2", *extra))
+        self.stream = stream
 
 
 @pytest.fixture
-def workers(cluster: NatsCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Worker]]:
+def workers(nats_cluster: NatsCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Worker]]:
     stream = "S" + request.node.name.replace("test_", "")[:30].replace("_", "")
-    made = [Worker(cluster, tmp_path / f"w{i}", port, stream, "--agent-speed", "15")
+    made = [Worker(nats_cluster, tmp_path / f"w{i}", port, stream, "--agent-speed", "15")
             for i, port in enumerate(_free_ports(2))]
     try:
         for w in made:
@@ -130,7 +88,7 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
             "sessionlog_replies_swept_total", "sessionlog_leases_lost_total"} <= set(m)
 
 
-async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(workers, cluster):
+async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(workers, nats_cluster):  # noqa: F811
     one, two = workers
     async with open_client("127.0.0.1", two.port, TOKEN) as b:
         async with open_client("127.0.0.1", one.port, TOKEN) as a:
@@ -159,7 +117,7 @@ async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(worker
     # exactly one finalize on the stream, whoever swept
     from sessionlog_store.eventstore.events import MessageFinalized
     from sessionlog_store.eventstore.jetstream import open_jetstream_log
-    async with open_jetstream_log(cluster.urls, stream=one.stream, prefix=f"sl.{one.stream}", replay=True) as log:
+    async with open_jetstream_log(nats_cluster.urls, stream=one.stream, prefix=f"sl.{one.stream}", replay=True) as log:
         fins = [r.event for r in await log.read(sid) if isinstance(r.event, MessageFinalized)
                 and r.event.msg_id == reply]
     assert [(f.status, f.aborted_reason) for f in fins] == [("aborted", "worker restart")]
@@ -170,8 +128,8 @@ async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(worker
         assert [x["status"] for x in msgs if x["msg_id"] == reply] == ["aborted"]
 
 
-def test_serve_refuses_a_single_copy_and_unsynced_servers(cluster, tmp_path):
-    base = ("serve", "--root", str(tmp_path), "--port", "0", "--backend", ",".join(cluster.urls))
+def test_serve_refuses_a_single_copy_and_unsynced_servers(nats_cluster, tmp_path):  # noqa: F811
+    base = ("serve", "--root", str(tmp_path), "--port", "0", "--backend", ",".join(nats_cluster.urls))
     r = run_cli(*base, "--nats-replicas", "1")
     assert r.returncode == 3 and "--nats-allow-single-replica" in r.stderr, r.stderr
     r = run_cli(*base)

@@ -7,28 +7,14 @@ durable; the page shows exactly that text, and a retry streams to the end
 on the live worker."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import time
 from pathlib import Path
 
-import pytest
+from .processes import NGINX_HEAD, NGINX_PROXY, free_port, start_nginx, stop_nginx
+from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
+from .test_browser import browser, content_of, open_page, reply_id  # noqa: F401
+from .test_scaleout import TOKEN, Worker
 
-from .test_browser import NGINX, browser, content_of, free_port, open_page, reply_id  # noqa: F401
-from .test_scaleout import TOKEN, Worker, cluster  # noqa: F401
-
-LB_CONF = """daemon off;
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log;
-events {{ worker_connections 128; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
-  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
-  map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
-  upstream workers {{
+LB_CONF = NGINX_HEAD + """  upstream workers {{
     server 127.0.0.1:{one} max_fails=1 fail_timeout=60s;
     server 127.0.0.1:{two} backup;
   }}
@@ -38,45 +24,27 @@ http {{
       proxy_pass http://workers;
       proxy_next_upstream error timeout;
       proxy_connect_timeout 2s;
-      proxy_http_version 1.1;
-      proxy_set_header Upgrade $http_upgrade;
-      proxy_set_header Connection $connection_upgrade;
-      proxy_set_header X-Forwarded-Host $http_host;
-      proxy_set_header X-Forwarded-Proto $scheme;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_read_timeout 3600s;
-    }}
+""" + NGINX_PROXY + """    }}
   }}
 }}
 """
 
 
-def test_the_page_moves_to_another_worker_when_its_own_is_killed(cluster, tmp_path: Path, browser):  # noqa: F811
-    if not os.path.exists(NGINX):
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI needs nginx at {NGINX} (.ci/run installs Debian's nginx)")
-        pytest.skip(f"no nginx at {NGINX}: install Debian's `nginx` to run this test")
-    d = tmp_path / "nginx"
-    (d / "tmp").mkdir(parents=True)
+def test_the_page_moves_to_another_worker_when_its_own_is_killed(nats_cluster, tmp_path: Path, browser):  # noqa: F811
     port, one_port, two_port = free_port(), free_port(), free_port()
-    (d / "nginx.conf").write_text(LB_CONF.format(d=d, port=port, one=one_port, two=two_port))
     extra = ("--public-url", f"http://localhost:{port}", "--forwarded-allow-ips", "127.0.0.1", "--agent-speed", "12")
-    one = Worker(cluster, tmp_path / "w1", one_port, "SBROWSER", *extra)
-    two = Worker(cluster, tmp_path / "w2", two_port, "SBROWSER", *extra)
+    one = Worker(nats_cluster, tmp_path / "w1", one_port, "SBROWSER", *extra)
+    two = Worker(nats_cluster, tmp_path / "w2", two_port, "SBROWSER", *extra)
     one.start()
     two.start()
-    proxy = subprocess.Popen([NGINX, "-p", str(d), "-c", str(d / "nginx.conf"), "-e", str(d / "error.log")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    d = tmp_path / "nginx"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proxy.poll() is None, proxy.stderr.read() if proxy.stderr else "nginx ended"
-                assert time.monotonic() < deadline, "nginx did not start"
-                time.sleep(0.05)
+        proxy = start_nginx(d, LB_CONF.format(d=d, port=port, one=one_port, two=two_port), port)
+    except BaseException:
+        one.stop()
+        two.stop()
+        raise
+    try:
         page = open_page(browser, f"http://localhost:{port}/?token={TOKEN}")
         page.fill("#input", "Write a long answer, please")
         page.press("#input", "Enter")
@@ -108,7 +76,6 @@ def test_the_page_moves_to_another_worker_when_its_own_is_killed(cluster, tmp_pa
         assert page.locator(".msg.assistant.done").count() == 1
         assert not page.errors  # type: ignore[attr-defined]
     finally:
-        proxy.terminate()
-        proxy.wait(10)
+        stop_nginx(proxy)
         one.stop()
         two.stop()

@@ -47,7 +47,6 @@ another one wrote.
 """
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 import zlib
@@ -63,7 +62,7 @@ from .errors import CorruptRecord, RecordTooLarge, SessionExists, StoreBroken, S
 from .events import Event, MessageFinalized, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
-from .natsio import AsyncioThread, default_prefix, ensure_stream, unanswered, until_led
+from .natsio import AsyncioThread, default_prefix, ensure_stream, publish_answered, until_led
 from .record import Record, decode_record, encode_record
 
 
@@ -162,6 +161,9 @@ class JetStreamLog:
         self.worker = secrets.token_hex(6)  # names this writer on its messages (the tail skips its own)
         self.tail_position = 0  # the stream sequence of the last message the tail delivered
         self.replay_seconds = 0.0  # how long the opening replay took (set by its opener)
+
+    def _retried(self, n: int) -> None:
+        self.retries += n
 
     def subject(self, session_id: str) -> str:
         return f"{self.prefix}.{validate_session_id(session_id)}"
@@ -312,26 +314,8 @@ class JetStreamLog:
                     "Nats-Expected-Last-Subject-Sequence": str(fence[sid]),
                     WRITER_HEADER: self.worker}) for sid in live]
                 published += sum(len(m[1]) for m in messages)
-
-                async def publish_all() -> list[Any]:
-                    """Every message at once; those not answered again, with the same
-                    headers (the id makes a retry of a stored one a duplicate ack,
-                    checked before the fence), until `retry_for` has passed."""
-                    acks: list[Any] = [None] * len(messages)
-                    todo, deadline = list(range(len(messages))), time.monotonic() + retry_for
-                    while True:
-                        got = await asyncio.gather(*(js.publish(messages[i][0], messages[i][1],
-                                                                headers=messages[i][2]) for i in todo),
-                                                   return_exceptions=True)
-                        for i, ack in zip(todo, got):
-                            acks[i] = ack
-                        todo = [i for i in todo if isinstance(acks[i], BaseException) and unanswered(acks[i])]
-                        if not todo or time.monotonic() > deadline:
-                            return acks
-                        self.retries += len(todo)
-                        await asyncio.sleep(0.1)
                 try:
-                    acks = await self._bridge.run(publish_all)
+                    acks = await self._bridge.run(lambda: publish_answered(js, messages, retry_for, self._retried))
                 except Exception as e:  # the crossing itself failed
                     acks = [e] * len(live)
                 for sid, ack in zip(live, acks):
@@ -379,7 +363,12 @@ class JetStreamLog:
         deleted the session. The reset listeners fold it again."""
         self.conflicts += 1
         old = self._sessions[session_id]
-        data, last, marks = await self._messages(session_id)
+        deadline = trio.current_time() + 2.0
+        while True:  # the refusal can come before the message that caused it can be read
+            data, last, marks = await self._messages(session_id)
+            if last > old.stream_seq or trio.current_time() > deadline:  # (none by then: purged, deleted)
+                break
+            await trio.sleep(0.02)
         with_end = list(with_ends(scan(session_id, data).records, data, 0))
         records = [rec for rec, _ in with_end]
         # what the other writer(s) appended since this log's last look: never told the listeners
@@ -613,18 +602,13 @@ class JetStreamLog:
 
         async def put(fence: int) -> int:
             for offset, chunk in chunks:
-                headers = {"Nats-Msg-Id": f"{session_id}:import:{tag}:{offset}",
-                           "Nats-Expected-Last-Subject-Sequence": str(fence), WRITER_HEADER: worker}
-                deadline = time.monotonic() + retry_for
-                while True:
-                    try:
-                        fence = (await js.publish(subject, chunk, headers=headers)).seq
-                        break
-                    except Exception as e:
-                        if not unanswered(e) or time.monotonic() > deadline:
-                            raise
-                        self.retries += 1
-                        await asyncio.sleep(0.2)
+                [ack] = await publish_answered(js, [(subject, chunk, {
+                    "Nats-Msg-Id": f"{session_id}:import:{tag}:{offset}",
+                    "Nats-Expected-Last-Subject-Sequence": str(fence), WRITER_HEADER: worker})],
+                    retry_for, self._retried)
+                if isinstance(ack, BaseException):
+                    raise ack
+                fence = ack.seq
             return fence
         try:
             last = await self._bridge.run(lambda: put(fence))

@@ -121,3 +121,23 @@ async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create
 def default_prefix(stream: str) -> str:
     """The subjects' prefix of a worker's stream (a session's: <prefix>.<id>)."""
     return f"sl.{stream}"
+
+
+async def publish_answered(js: Any, messages: list[tuple[str, bytes, dict[str, str]]], retry_for: float,
+                           retried: Callable[[int], None]) -> list[Any]:
+    """Publish every (subject, data, headers) at once; those not answered,
+    again with the same headers (the message id makes a retry of a stored one
+    a duplicate ack, checked before the fence), until `retry_for` seconds
+    have passed. Returns each one's ack or exception (on the asyncio loop)."""
+    acks: list[Any] = [None] * len(messages)
+    todo, deadline = list(range(len(messages))), time.monotonic() + retry_for
+    while True:
+        got = await asyncio.gather(*(js.publish(messages[i][0], messages[i][1], headers=messages[i][2])
+                                     for i in todo), return_exceptions=True)
+        for i, ack in zip(todo, got):
+            acks[i] = ack
+        todo = [i for i in todo if isinstance(acks[i], BaseException) and unanswered(acks[i])]
+        if not todo or time.monotonic() > deadline:
+            return acks
+        retried(len(todo))
+        await asyncio.sleep(0.1)

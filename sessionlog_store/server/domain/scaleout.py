@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
@@ -38,10 +39,13 @@ from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_l
 from sessionlog_store.eventstore.natsio import default_prefix
 from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
+from sessionlog_store.eventstore.log import scan
 from sessionlog_store.projections.lifecycle import OPEN_STATUSES
+from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.projections.registry import Registry
 from sessionlog_store.projections.session import SessionState
 from sessionlog_store.server.domain.errors import ServiceError
+from sessionlog_store.server.domain.subscriptions import MsgUpdate
 
 if TYPE_CHECKING:
     from sessionlog_store.server.domain.store import SessionStore, StoreConfig
@@ -143,7 +147,8 @@ class Worker:
         self.store.saver.end(msg)
         msg.abort_reason = ev.aborted_reason or ev.status
         msg.scope.cancel()
-        self.store._nursery_soon(self.leases.release, sid, ev.msg_id)
+        if self.store._nursery is not None:
+            self.store._nursery.start_soon(self.leases.release, sid, ev.msg_id)
 
     def _gone(self, sid: str, owner: str) -> None:
         store = self.store
@@ -185,6 +190,23 @@ class Worker:
             changed = store._row_changes(old, new)
             if changed:
                 store._notify("session_updated", {"id": sid, **changed})
+
+    async def read_state(self, sid: str) -> SessionState:
+        """A session's state as the stream holds it."""
+        data = await self.es.log_bytes(sid)
+        records = scan(sid, data).records
+        return fold_until(records, data, records[-1].seq if records else 0)
+
+    def stream_end(self, sid: str, update: MsgUpdate) -> MsgUpdate:
+        """The terminal update to tell, now that its finalize is durable: the
+        stream's, when another worker's finalize came first (a rebase dropped
+        this one)."""
+        state = self.store._states.get(sid)
+        m = state.messages.get(update.msg_id) if state is not None else None
+        if m is None or m.status == update.status:
+            return update
+        return msgspec.structs.replace(update, status=m.status, content_delta=m.content, error=m.error,
+                                       tokens=m.tokens, aborted_reason=m.metadata.get("aborted_reason"), seq=m.seq)
 
     def reload_needed(self, sid: str) -> bool:
         """A reset came while the session was being loaded: load it again."""

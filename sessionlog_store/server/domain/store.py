@@ -32,8 +32,8 @@ from sessionlog_store.eventstore.events import (Event, MessageCreated, MessageFi
                                                 SessionFlags, SessionRenamed)
 from sessionlog_store.eventstore.record import decode_record
 from sessionlog_store.projections.maintenance import MaintenanceConfig
-from sessionlog_store.eventstore.log import read_log, scan
-from sessionlog_store.projections.recovery import RecoveryReport, fold_until, load_session_state
+from sessionlog_store.eventstore.log import read_log
+from sessionlog_store.projections.recovery import RecoveryReport, load_session_state
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
 from sessionlog_store.server.domain.caches import Caches
@@ -184,15 +184,7 @@ class SessionStore(Replies):
             return
         finally:
             self.publishing -= 1
-        state = self._states.get(sid) if self.worker is not None else None
-        m = state.messages.get(update.msg_id) if state is not None else None
-        if m is not None and m.status != update.status:
-            # On a shared stream another worker's finalize came first (a rebase
-            # dropped this one): the end the stream holds is the one to tell.
-            update = msgspec.structs.replace(
-                update, status=m.status, content_delta=m.content, error=m.error, tokens=m.tokens,
-                aborted_reason=m.metadata.get("aborted_reason"), seq=m.seq)
-        self.hub.publish(update)
+        self.hub.publish(update if self.worker is None else self.worker.stream_end(sid, update))
 
     def _store_failed(self, error: BaseException) -> None:
         """The log store broke: end every producer and every subscription."""
@@ -299,9 +291,7 @@ class SessionStore(Replies):
     async def _read_state(self, session_id: str) -> SessionState:
         """A session's state as its log (or the stream) holds it."""
         if self.worker is not None:
-            data = await self._log_bytes(session_id)
-            records = scan(session_id, data).records
-            return fold_until(records, data, records[-1].seq if records else 0)
+            return await self.worker.read_state(session_id)
         await self._flush_for_read()
         state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
         self._add_unwritten(session_id, state)
@@ -317,11 +307,6 @@ class SessionStore(Replies):
         if extra:  # a failed log write: what only the journal holds follows the written part
             data = data[:self.es.durable_end(session_id)] + extra
         return data
-
-    def _nursery_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run `fn(*args)` in the store's nursery (dropped once it is closed)."""
-        if self._nursery is not None:
-            self._nursery.start_soon(fn, *args)
 
     def _add_unwritten(self, session_id: str, state: SessionState) -> None:
         """After a failed log write, acknowledged records that only the journal
