@@ -145,6 +145,9 @@ async def test_a_dead_workers_reply_is_aborted_once_by_a_live_one(nats_cluster, 
         records = await b.es.read(sid)
         fins = [r.event for r in records if isinstance(r.event, MessageFinalized) and r.event.msg_id == mid]
         assert [(f.status, f.aborted_reason) for f in fins] == [("aborted", "worker restart")]
+        # (the sweeper counts it once its append is acknowledged: a moment after the others see it)
+        await until(lambda: len(swept["a"] + b.worker.swept + c.worker.swept) > 0)
+        await trio.sleep(1.0)  # two more sweeps
         assert sorted(swept["a"] + b.worker.swept + c.worker.swept) == [(sid, mid)], "finalized once"
         [m] = [m for m in (await c.load_session(sid)).messages.values() if m.msg_id == mid]
         assert m.content == "partial" and m.status == "aborted"

@@ -261,3 +261,28 @@ def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, 
         async with target.open(create=False) as log:
             return await log.log_bytes(sid)
     assert trio.run(stream_bytes) == want
+
+
+async def test_a_session_purged_before_the_tail_brought_its_tombstone_is_forgotten_on_read(nats_cluster):  # noqa: F811
+    """b's tail is a moment behind a's deletion and its purge: the tombstone
+    never reaches b. b's first read of the session finds its subject empty:
+    unknown, and b's projection drops it."""
+    from sessionlog_store.eventstore.errors import UnknownSession
+    from sessionlog_store.eventstore.events import SessionDeleted
+    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    kw = {"stream": "RV10", "prefix": "rv10.s", "timeout": 3}
+    async with open_jetstream_log(nats_cluster.urls, **kw) as a, open_jetstream_log(nats_cluster.urls, **kw) as b:
+        reg = Registry()
+        b.listeners.append(reg.apply)
+        b.reset_listeners.append(lambda sid, records, end: reg.put(None, sid) if not records else None)
+        await a.create("s", [SessionCreated(session_id="s")])
+        await until(lambda: "s" in reg)
+        real = b._take_foreign
+        b._take_foreign = lambda *m: None  # type: ignore[method-assign]  # the tail never brings the tombstone
+        await a.append_many("s", [SessionDeleted()])
+        await a.remove("s")
+        b._take_foreign = real  # type: ignore[method-assign]
+        assert "s" in b and "s" in reg
+        with pytest.raises(UnknownSession):
+            await b.read("s")
+        assert "s" not in b and "s" not in reg

@@ -62,7 +62,7 @@ from .errors import CorruptRecord, RecordTooLarge, SessionExists, StoreBroken, S
 from .events import Event, MessageFinalized, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
-from .natsio import AsyncioThread, default_prefix, ensure_stream, publish_answered, until_led
+from .natsio import AsyncioThread, default_prefix, ensure_stream, publish_answered, split_by_size, until_led
 from .record import Record, decode_record, encode_record
 
 
@@ -80,19 +80,6 @@ DIRECT_GETS: Final = 16
 # `import_log` puts a log on the stream in messages of at most this many
 # bytes (the servers' max_payload is 1 MiB by default; a longer line goes alone).
 IMPORT_CHUNK: Final = 512 * 1024
-def _split(items: list[tuple[int, bytes]], limit: int) -> list[list[tuple[int, bytes]]]:
-    """A session's (seq, line)s in runs of at most `limit` bytes (a line is never over it: _add refuses)."""
-    out: list[list[tuple[int, bytes]]] = [[]]
-    size = 0
-    for item in items:
-        if out[-1] and size + len(item[1]) > limit:
-            out.append([])
-            size = 0
-        out[-1].append(item)
-        size += len(item[1])
-    return out
-
-
 class _Session:
     __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
                  "renumber", "refused")
@@ -299,7 +286,7 @@ class JetStreamLog:
             # Each session's lines in messages of at most max_message bytes: the
             # first message of every session at once, then the second of those
             # that have one (fenced on the first's ack), and so on.
-            chunks = {sid: _split(items, self.max_message) for sid, items in batch.items()}
+            chunks = {sid: split_by_size(items, self.max_message) for sid, items in batch.items()}
             fence = {sid: self._sessions[sid].stream_seq for sid in batch}
             conflicted: list[tuple[str, list[tuple[int, bytes]]]] = []
             failed: BaseException | None = None
@@ -515,10 +502,18 @@ class JetStreamLog:
         return CommitStatistics(b, r, largest, published, waiting, "jetstream")
 
     async def log_bytes(self, session_id: str) -> bytes:
-        """The session's lines, acknowledged ones, as its log file would hold them."""
-        self._session(session_id)
+        """The session's lines, acknowledged ones, as its log file would hold
+        them. A known session whose subject is empty was deleted by another
+        writer and purged before the tail brought its tombstone: it is
+        forgotten (the reset listeners told) and UnknownSession."""
+        sess = self._session(session_id)
         await self.flush()
         data, _, _ = await self._messages(session_id)
+        if not data and not sess.pending and self._sessions.get(session_id) is sess:
+            sess.deleted = True
+            for listener in self.reset_listeners:
+                listener(session_id, [], 0)
+            raise UnknownSession(session_id)
         return data
 
     # -- reads and removal --------------------------------------------------
@@ -570,10 +565,7 @@ class JetStreamLog:
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         """The session's acknowledged records with seq > after_seq."""
-        self._session(session_id)
-        await self.flush()
-        data, _, _ = await self._messages(session_id)
-        return [r for r in scan(session_id, data).records if r.seq > after_seq]
+        return [r for r in scan(session_id, await self.log_bytes(session_id)).records if r.seq > after_seq]
 
     async def import_log(self, session_id: str, data: bytes, *, after: int = 0) -> None:
         """Put a session's log on the stream byte for byte (its records keep

@@ -66,6 +66,7 @@ class Leases:
         self.log, self.kv, self.ttl, self.skew = log, kv, ttl, skew
         self.worker = log.worker
         self._revisions: dict[str, int] = {}  # the revision of each lease this worker holds
+        self.finalized: list[tuple[str, str]] = []  # the replies this worker finalized REASON, as it did
 
     @classmethod
     async def open(cls, log: JetStreamLog, *, ttl: float = 15.0, replicas: int = 3,
@@ -229,6 +230,7 @@ class Leases:
                                                                      aborted_reason=REASON)])
         except UnknownSession:  # deleted meanwhile (by another worker)
             return False
+        self.finalized.append((session_id, msg_id))
         return True
 
     async def keys(self) -> list[str]:

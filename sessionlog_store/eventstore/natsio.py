@@ -141,3 +141,17 @@ async def publish_answered(js: Any, messages: list[tuple[str, bytes, dict[str, s
             return acks
         retried(len(todo))
         await asyncio.sleep(0.1)
+
+
+def split_by_size(items: list[tuple[int, bytes]], limit: int) -> list[list[tuple[int, bytes]]]:
+    """(seq, line)s in runs of at most `limit` bytes, one message each (no
+    line is over it: JetStreamLog refuses such a record)."""
+    out: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for item in items:
+        if out[-1] and size + len(item[1]) > limit:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += len(item[1])
+    return out

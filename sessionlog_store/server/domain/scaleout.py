@@ -102,7 +102,7 @@ class Worker:
 
     def __init__(self, store: SessionStore, es: JetStreamLog, leases: Leases, running: RunningIndex) -> None:
         self.store, self.es, self.leases, self.running = store, es, leases, running
-        self.swept: list[tuple[str, str]] = []   # replies this worker's sweeper finalized
+        self.swept = leases.finalized            # replies this worker's sweeper finalized (as it does)
         self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
         self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
         self._reset_loading: set[str] = set()
@@ -264,7 +264,6 @@ class Worker:
         done += await self._sweep_leaseless()
         for sid, msg_id in done:
             log.warning("reply %s of a dead worker finalized aborted %r", lease_key(sid, msg_id), REASON)
-        self.swept += done
         return done
 
     async def _sweep_leaseless(self) -> list[tuple[str, str]]:
