@@ -301,7 +301,15 @@ async def test_sigkill_of_the_real_server_mid_stream(root):
                 ack = await c.request("chat", content="stream something long")
                 sid, rid = ack["session_id"], ack["reply_id"]
                 await c.follow(sid)
-                while len(c.content.get((sid, rid), "")) < 40:
+
+                def some_text_durable() -> bool:
+                    """40 characters seen, and a later update says the first delta is durable
+                    (its durable_seq covers that delta's seq): the kill cannot take it all."""
+                    ups = [f["data"] for f in c.pushes if f["type"] == "msg_update" and f["data"]["msg_id"] == rid]
+                    first = next((u["seq"] for u in ups if u["content_delta"]), None)
+                    return (len(c.content.get((sid, rid), "")) >= 40 and first is not None
+                            and max(u["durable_seq"] for u in ups) >= first)
+                while not some_text_durable():
                     await c._changed.wait()
                 seen = c.content[(sid, rid)]
                 os.kill(proc.pid, signal.SIGKILL)
