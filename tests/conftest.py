@@ -63,3 +63,18 @@ def second_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
         yield str(mnt)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One real 3-node JetStream cluster for every test that only writes to
+    it (each uses streams of its own names); a test that kills a node starts
+    its own."""
+    pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+    from .nats_cluster import NatsCluster
+    c = NatsCluster(tmp_path_factory.mktemp("nats"))
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()

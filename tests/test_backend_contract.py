@@ -127,18 +127,6 @@ class TestLocalLog(EventLogContract):
             yield store
 
 
-@pytest.fixture(scope="module")
-def nats_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
-    from .nats_cluster import NatsCluster
-    c = NatsCluster(tmp_path_factory.mktemp("nats"))
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 class TestJetStreamLog(EventLogContract):
     """The same contract on a real 3-node JetStream cluster (R3 streams): each
     test gets a stream of its own."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 
@@ -24,9 +23,11 @@ nats = pytest.importorskip("nats", reason="nats-py is not installed (pip install
 WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
-    c = NatsCluster(tmp_path)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One cluster for the module (the leader-kill test, which leaves it two
+    nodes, comes last); each test makes its stream afresh."""
+    c = NatsCluster(tmp_path_factory.mktemp("facts"))
     c.start()
     try:
         yield c
@@ -37,6 +38,10 @@ def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
 async def _stream(cluster: NatsCluster):  # type: ignore[no-untyped-def]
     nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream(timeout=5)
+    try:
+        await js.delete_stream("SL")  # (the module's previous test's)
+    except Exception:  # noqa: BLE001 - none yet, or the meta leader not elected: made below
+        pass
     await until_led(js, "SL", lambda: js.add_stream(name="SL", subjects=["sl.>"], num_replicas=3))
     return nc, js
 

@@ -10,7 +10,6 @@ import trio
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated
 
-from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
 
@@ -29,7 +28,7 @@ def finalizes(records, mid: str) -> list[MessageFinalized]:  # type: ignore[no-u
     return [r.event for r in records if isinstance(r.event, MessageFinalized) and r.event.msg_id == mid]
 
 
-async def test_a_dead_workers_reply_is_aborted_exactly_once(nats_cluster):  # noqa: F811
+async def test_a_dead_workers_reply_is_aborted_exactly_once(nats_cluster):
     from sessionlog_store.eventstore.leases import Leases
     async with opened(nats_cluster, "LEASE1") as a:
         la = await Leases.open(a, ttl=0.5, skew=0.1)
@@ -55,7 +54,7 @@ async def _sweep(sw, done) -> None:  # type: ignore[no-untyped-def]
     done.extend(await sw.sweep())
 
 
-async def test_a_worker_learns_it_lost_its_lease(nats_cluster):  # noqa: F811
+async def test_a_worker_learns_it_lost_its_lease(nats_cluster):
     from sessionlog_store.eventstore.leases import Leases, LeaseTaken
     async with opened(nats_cluster, "LEASE2") as a, opened(nats_cluster, "LEASE2") as b:
         la, lb = await Leases.open(a, ttl=0.5, skew=0.1), await Leases.open(b, ttl=5, skew=0.1)
@@ -69,7 +68,7 @@ async def test_a_worker_learns_it_lost_its_lease(nats_cluster):  # noqa: F811
         assert not await la.renew("s1", "m1"), "a stops writing the reply"
 
 
-async def test_a_reply_finished_before_its_worker_died_stays_as_it_ended(nats_cluster):  # noqa: F811
+async def test_a_reply_finished_before_its_worker_died_stays_as_it_ended(nats_cluster):
     from sessionlog_store.eventstore.leases import Leases
     async with opened(nats_cluster, "LEASE3") as a:
         la = await Leases.open(a, ttl=0.5, skew=0.1)

@@ -17,7 +17,6 @@ from sessionlog_store.eventstore.fsio import OS_FILES
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .conftest import run_cli
-from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
 
@@ -43,7 +42,7 @@ async def make_store(root: str) -> dict[str, str]:
     return made
 
 
-def test_migrate_to_a_stream_and_back_keeps_every_byte(nats_cluster, tmp_path):  # noqa: F811
+def test_migrate_to_a_stream_and_back_keeps_every_byte(nats_cluster, tmp_path):
     root, back = str(tmp_path / "local"), str(tmp_path / "back")
     made = trio.run(make_store, root)
     urls = ",".join(nats_cluster.urls)
@@ -80,7 +79,7 @@ def test_migrate_to_a_stream_and_back_keeps_every_byte(nats_cluster, tmp_path): 
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_a_damaged_log_is_reported_and_the_rest_copied(nats_cluster, tmp_path):  # noqa: F811
+def test_a_damaged_log_is_reported_and_the_rest_copied(nats_cluster, tmp_path):
     root = str(tmp_path / "local")
     made = trio.run(make_store, root)
     path = log_path(root, made["b"])
@@ -95,7 +94,7 @@ def test_a_damaged_log_is_reported_and_the_rest_copied(nats_cluster, tmp_path): 
     assert "2 sessions copied" in r.stdout
 
 
-def test_migrate_refuses_what_it_cannot_do(nats_cluster, tmp_path):  # noqa: F811
+def test_migrate_refuses_what_it_cannot_do(nats_cluster, tmp_path):
     root = str(tmp_path / "local")
     trio.run(make_store, root)
     urls = ",".join(nats_cluster.urls)

@@ -18,7 +18,6 @@ from sessionlog_store.server.edge.client import open_client
 from .conftest import run_cli
 from .nats_cluster import NatsCluster, _free_ports
 from .processes import ServeProcess
-from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
 
@@ -88,7 +87,7 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
             "sessionlog_replies_swept_total", "sessionlog_leases_lost_total"} <= set(m)
 
 
-async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(workers, nats_cluster):  # noqa: F811
+async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(workers, nats_cluster):
     one, two = workers
     async with open_client("127.0.0.1", two.port, TOKEN) as b:
         async with open_client("127.0.0.1", one.port, TOKEN) as a:
@@ -128,7 +127,7 @@ async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(worker
         assert [x["status"] for x in msgs if x["msg_id"] == reply] == ["aborted"]
 
 
-def test_serve_refuses_a_single_copy_and_unsynced_servers(nats_cluster, tmp_path):  # noqa: F811
+def test_serve_refuses_a_single_copy_and_unsynced_servers(nats_cluster, tmp_path):
     base = ("serve", "--root", str(tmp_path), "--port", "0", "--backend", ",".join(nats_cluster.urls))
     r = run_cli(*base, "--nats-replicas", "1")
     assert r.returncode == 3 and "--nats-allow-single-replica" in r.stderr, r.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .processes import NGINX_HEAD, NGINX_PROXY, free_port, start_nginx, stop_nginx
-from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
 from .test_browser import browser, content_of, open_page, reply_id  # noqa: F401
 from .test_scaleout import TOKEN, Worker
 
@@ -30,7 +29,7 @@ LB_CONF = NGINX_HEAD + """  upstream workers {{
 """
 
 
-def test_the_page_moves_to_another_worker_when_its_own_is_killed(nats_cluster, tmp_path: Path, browser):  # noqa: F811
+def test_the_page_moves_to_another_worker_when_its_own_is_killed(nats_cluster, tmp_path: Path, browser):
     port, one_port, two_port = free_port(), free_port(), free_port()
     extra = ("--public-url", f"http://localhost:{port}", "--forwarded-allow-ips", "127.0.0.1", "--agent-speed", "12")
     one = Worker(nats_cluster, tmp_path / "w1", one_port, "SBROWSER", *extra)

@@ -15,7 +15,6 @@ import trio
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
-from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
 
@@ -35,7 +34,7 @@ async def until(pred, within: float = 15.0) -> None:  # type: ignore[no-untyped-
             await trio.sleep(0.02)
 
 
-async def test_a_session_made_on_one_worker_is_everyones(nats_cluster, tmp_path):  # noqa: F811
+async def test_a_session_made_on_one_worker_is_everyones(nats_cluster, tmp_path):
     async with worker(nats_cluster, tmp_path, "a", "W1") as a, worker(nats_cluster, tmp_path, "b", "W1") as b:
         pushed: list[tuple[str, dict[str, Any]]] = []
         b.watchers.append(lambda kind, data: pushed.append((kind, data)))
@@ -55,7 +54,7 @@ async def test_a_session_made_on_one_worker_is_everyones(nats_cluster, tmp_path)
         assert len(c.registry) == 0
 
 
-async def test_a_reply_streamed_on_one_worker_is_followed_and_stopped_from_another(nats_cluster, tmp_path):  # noqa: F811
+async def test_a_reply_streamed_on_one_worker_is_followed_and_stopped_from_another(nats_cluster, tmp_path):
     async with worker(nats_cluster, tmp_path, "a", "W2") as a, worker(nats_cluster, tmp_path, "b", "W2") as b:
         meta, _ = await a.create_session(first_message="go")
         sid = meta.id
@@ -95,7 +94,7 @@ async def test_a_reply_streamed_on_one_worker_is_followed_and_stopped_from_anoth
         assert await a.worker.leases.keys() == []  # released
 
 
-async def test_two_workers_writing_one_session_end_with_one_history(nats_cluster, tmp_path):  # noqa: F811
+async def test_two_workers_writing_one_session_end_with_one_history(nats_cluster, tmp_path):
     async with worker(nats_cluster, tmp_path, "a", "W3") as a, worker(nats_cluster, tmp_path, "b", "W3") as b:
         meta, _ = await a.create_session(first_message="start")
         sid = meta.id
@@ -117,7 +116,7 @@ async def test_two_workers_writing_one_session_end_with_one_history(nats_cluster
         assert a.get_row(sid) == b.get_row(sid)
 
 
-async def test_a_dead_workers_reply_is_aborted_once_by_a_live_one(nats_cluster, tmp_path):  # noqa: F811
+async def test_a_dead_workers_reply_is_aborted_once_by_a_live_one(nats_cluster, tmp_path):
     """Worker a leaves what a killed worker leaves on the stream (a lease
     never renewed or released, a running reply); b and c sweep."""
     got: dict[str, str] = {}

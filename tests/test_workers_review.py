@@ -17,7 +17,6 @@ from sessionlog_store.eventstore.errors import RecordTooLarge
 from sessionlog_store.eventstore.events import MessageFinalized, MessageProgress, SessionCreated, SessionRenamed
 from sessionlog_store.projections.registry import Registry
 
-from .test_backend_contract import nats_cluster  # noqa: F401 - the module's cluster fixture
 from .test_workers import until, worker
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
@@ -28,7 +27,7 @@ def finals(records, mid: str) -> list[tuple[str, str | None]]:  # type: ignore[n
             if isinstance(r.event, MessageFinalized) and r.event.msg_id == mid]
 
 
-async def test_a_stop_reaches_a_producer_whose_records_are_in_flight(nats_cluster, tmp_path):  # noqa: F811
+async def test_a_stop_reaches_a_producer_whose_records_are_in_flight(nats_cluster, tmp_path):
     """a's saver has a record of the session in flight nearly always (a 5 ms
     interval): b's finalize reaches a through a rebase, and must still end
     a's producer, which writes no finalize of its own."""
@@ -58,7 +57,7 @@ async def test_a_stop_reaches_a_producer_whose_records_are_in_flight(nats_cluste
         assert finals(await a.es.read(sid), got["mid"]) == [("aborted", "stopped by user")]
 
 
-async def test_a_stop_racing_the_replys_own_end_stores_one_finalize(nats_cluster, tmp_path):  # noqa: F811
+async def test_a_stop_racing_the_replys_own_end_stores_one_finalize(nats_cluster, tmp_path):
     async with worker(nats_cluster, tmp_path, "a", "RV2") as a, worker(nats_cluster, tmp_path, "b", "RV2") as b:
         meta, _ = await a.create_session(first_message="go")
         sid = meta.id
@@ -87,7 +86,7 @@ async def test_a_stop_racing_the_replys_own_end_stores_one_finalize(nats_cluster
 
 
 async def test_a_follower_sees_another_workers_reply_while_its_own_worker_writes_the_session(
-        nats_cluster, tmp_path):  # noqa: F811
+        nats_cluster, tmp_path):
     async with worker(nats_cluster, tmp_path, "a", "RV3") as a, \
             worker(nats_cluster, tmp_path, "b", "RV3", progress_interval=0.02) as b:
         meta, _ = await b.create_session(first_message="go")
@@ -123,7 +122,7 @@ async def test_a_follower_sees_another_workers_reply_while_its_own_worker_writes
         assert (status, text) == (final.status, final.content) == ("done", final.content)
 
 
-async def test_a_renewal_whose_answer_was_lost_keeps_the_reply(nats_cluster, tmp_path):  # noqa: F811
+async def test_a_renewal_whose_answer_was_lost_keeps_the_reply(nats_cluster, tmp_path):
     import nats.errors
     async with worker(nats_cluster, tmp_path, "a", "RV4", lease_ttl=2.0) as a, \
             worker(nats_cluster, tmp_path, "b", "RV4", lease_ttl=2.0) as b:
@@ -147,7 +146,7 @@ async def test_a_renewal_whose_answer_was_lost_keeps_the_reply(nats_cluster, tmp
         assert finals(await b.es.read(sid), mid) == [("done", None)]
 
 
-async def test_a_start_does_not_wait_for_a_session_purged_during_its_replay(nats_cluster):  # noqa: F811
+async def test_a_start_does_not_wait_for_a_session_purged_during_its_replay(nats_cluster):
     import nats.js.client as jsc
 
     from sessionlog_store.eventstore.jetstream import open_jetstream_log
@@ -169,7 +168,7 @@ async def test_a_start_does_not_wait_for_a_session_purged_during_its_replay(nats
         jsc.JetStreamContext.subscribe = real  # type: ignore[method-assign]
 
 
-async def test_what_an_adopt_reads_reaches_the_listeners(nats_cluster):  # noqa: F811
+async def test_what_an_adopt_reads_reaches_the_listeners(nats_cluster):
     from sessionlog_store.eventstore.jetstream import open_jetstream_log
     kw = {"stream": "RV6", "prefix": "rv6.s", "timeout": 3}
     async with open_jetstream_log(nats_cluster.urls, **kw) as a, open_jetstream_log(nats_cluster.urls, **kw) as b:
@@ -187,7 +186,7 @@ async def test_what_an_adopt_reads_reaches_the_listeners(nats_cluster):  # noqa:
         assert reg.get("s").title == "renamed on a"
 
 
-async def test_a_record_over_the_servers_max_payload_is_refused_alone_and_big_batches_split(nats_cluster):  # noqa: F811
+async def test_a_record_over_the_servers_max_payload_is_refused_alone_and_big_batches_split(nats_cluster):
     from sessionlog_store.eventstore.jetstream import open_jetstream_log
     async with open_jetstream_log(nats_cluster.urls, stream="RV7", prefix="rv7.s", timeout=3) as es:
         await es.create("s", [SessionCreated(session_id="s")])
@@ -200,7 +199,7 @@ async def test_a_record_over_the_servers_max_payload_is_refused_alone_and_big_ba
         assert [r.seq for r in await es.read("s")] == list(range(1, 32))
 
 
-async def test_a_session_removed_here_is_not_brought_back_by_the_tail(nats_cluster):  # noqa: F811
+async def test_a_session_removed_here_is_not_brought_back_by_the_tail(nats_cluster):
     from sessionlog_store.eventstore.events import SessionDeleted
     from sessionlog_store.eventstore.jetstream import open_jetstream_log
     async with open_jetstream_log(nats_cluster.urls, stream="RV8", prefix="rv8.s", timeout=3) as es:
@@ -214,7 +213,7 @@ async def test_a_session_removed_here_is_not_brought_back_by_the_tail(nats_clust
         assert [r.seq for r in await es.read("s")] == [1]
 
 
-def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, tmp_path):  # noqa: F811
+def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, tmp_path):
     from sessionlog_store.eventstore.fsio import OS_FILES
     from sessionlog_store.eventstore.jetstream import JetStreamLog
     from sessionlog_store.server.domain.store import open_session_store
@@ -263,7 +262,7 @@ def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, 
     assert trio.run(stream_bytes) == want
 
 
-async def test_a_session_purged_before_the_tail_brought_its_tombstone_is_forgotten_on_read(nats_cluster):  # noqa: F811
+async def test_a_session_purged_before_the_tail_brought_its_tombstone_is_forgotten_on_read(nats_cluster):
     """b's tail is a moment behind a's deletion and its purge: the tombstone
     never reaches b. b's first read of the session finds its subject empty:
     unknown, and b's projection drops it."""

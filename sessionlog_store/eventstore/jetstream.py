@@ -537,29 +537,37 @@ class JetStreamLog:
                 end += len(data or b"")
                 marks.append((stream_seq, end))
             # A short session: one get a message. A long one (a rebase or load
-            # of thousands) from an ordered consumer, up to its last message now.
-            while len(marks) < DIRECT_GETS:
-                try:
-                    msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
-                except NotFoundError:
-                    return b"".join(parts), (marks[-1][0] if marks else 0), marks
-                take(msg.data, msg.seq)
-                seq = msg.seq + 1
+            # of thousands) from an ordered consumer, up to its last message now;
+            # by gets again if no consumer can be made (the meta leader lost).
+            async def by_gets(limit: float) -> bool:
+                nonlocal seq
+                while len(marks) < limit:
+                    try:
+                        msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+                    except NotFoundError:
+                        return True
+                    take(msg.data, msg.seq)
+                    seq = msg.seq + 1
+                return False
+            if await by_gets(DIRECT_GETS):
+                return b"".join(parts), (marks[-1][0] if marks else 0), marks
             try:
                 last = (await js.get_last_msg(stream, subject)).seq
             except NotFoundError:  # purged meanwhile
                 return b"", 0, []
-            if last >= seq:
+            try:
                 sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=ConsumerConfig(
                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq))
-                try:
-                    while True:
-                        msg = await sub.next_msg(timeout=30)
-                        take(msg.data, msg.metadata.sequence.stream)
-                        if msg.metadata.sequence.stream >= last:
-                            break
-                finally:
-                    await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - no consumer now: the slow way
+                await by_gets(float("inf"))
+                return b"".join(parts), (marks[-1][0] if marks else 0), marks
+            try:
+                while seq <= last:
+                    msg = await sub.next_msg(timeout=30)
+                    take(msg.data, msg.metadata.sequence.stream)
+                    seq = msg.metadata.sequence.stream + 1
+            finally:
+                await sub.unsubscribe()
             return b"".join(parts), marks[-1][0], marks
         return await self._bridge.run(messages)
 
