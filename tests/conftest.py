@@ -72,9 +72,5 @@ def nats_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-u
     its own."""
     pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
     from .nats_cluster import NatsCluster
-    c = NatsCluster(tmp_path_factory.mktemp("nats"))
-    c.start()
-    try:
+    with NatsCluster(tmp_path_factory.mktemp("nats")) as c:
         yield c
-    finally:
-        c.stop()

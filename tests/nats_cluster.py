@@ -121,3 +121,10 @@ jetstream {{ store_dir: "{self.folder / f'js{i}'}"{self.sync} }}
     def stop(self) -> None:
         for k in range(len(self.procs)):
             self.kill(k)
+
+    def __enter__(self) -> NatsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -27,12 +27,8 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 def cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One cluster for the module (the leader-kill test, which leaves it two
     nodes, comes last); each test makes its stream afresh."""
-    c = NatsCluster(tmp_path_factory.mktemp("facts"))
-    c.start()
-    try:
+    with NatsCluster(tmp_path_factory.mktemp("facts")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 async def _stream(cluster: NatsCluster):  # type: ignore[no-untyped-def]
