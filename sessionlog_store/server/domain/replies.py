@@ -145,16 +145,20 @@ class Replies:
                 or msg.session_id not in self.es or self.es.corruption(msg.session_id) is not None):
             return  # deleted, the store failed, or quarantined: no finalize can be written
         tokens = dict(msg.tokens) if any(msg.tokens.values()) else None
-        events: list[Event] = [MessageFinalized(msg_id=msg.msg_id, status=status,  # type: ignore[arg-type]
-                                                error=error, aborted_reason=reason, tokens=tokens)]
-        meta = self.registry.get(msg.session_id)
-        if meta is not None and set(meta.open_msgs) <= {msg.msg_id} and meta.status == "running":
-            events.append(SessionFlags(status="idle"))
-        await self.append_events(msg.session_id, *events)
+        await self.append_events(msg.session_id, *self._ending(msg.session_id, MessageFinalized(
+            msg_id=msg.msg_id, status=status, error=error, aborted_reason=reason, tokens=tokens)))  # type: ignore[arg-type]
         if self.worker is not None:
             await self.worker.reply_ended(msg.session_id, msg.msg_id)
         if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
             self._after_reply(msg.session_id)
+
+    def _ending(self, session_id: str, finalize: MessageFinalized) -> list[Event]:
+        """A finalize, and the session's idle flag when it ends the last running message."""
+        events: list[Event] = [finalize]
+        meta = self.registry.get(session_id)
+        if meta is not None and set(meta.open_msgs) <= {finalize.msg_id} and meta.status == "running":
+            events.append(SessionFlags(status="idle"))
+        return events
 
     async def finalize_message(self, session_id: str, msg_id: str, status: str, *,
                                content: str | None = None, error: str | None = None,
@@ -191,10 +195,8 @@ class Replies:
         meta = self.registry.get(session_id)
         if self.worker is None or meta is None or msg_id not in meta.open_msgs:
             return False
-        events: list[Event] = [MessageFinalized(msg_id=msg_id, status="aborted", aborted_reason="stopped by user")]
-        if set(meta.open_msgs) == {msg_id} and meta.status == "running":
-            events.append(SessionFlags(status="idle"))
-        await self.append_events(session_id, *events)
+        await self.append_events(session_id, *self._ending(session_id, MessageFinalized(
+            msg_id=msg_id, status="aborted", aborted_reason="stopped by user")))
         return True
 
     async def _message(self, session_id: str, msg_id: str) -> tuple[SessionState, MessageSnapshot]:

@@ -48,6 +48,7 @@ from sessionlog_store.server.domain.errors import ServiceError
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 
 if TYPE_CHECKING:
+    from sessionlog_store.server.domain.inflight import InflightMessage
     from sessionlog_store.server.domain.store import SessionStore, StoreConfig
 
 log = logging.getLogger("sessionlog.worker")
@@ -143,21 +144,23 @@ class Worker:
         msg = self.store.saver.active.get((sid, ev.msg_id))
         if msg is None or msg.finished:
             return
-        msg.finished = True
-        self.store.saver.end(msg)
-        msg.abort_reason = ev.aborted_reason or ev.status
-        msg.scope.cancel()
+        self._end_here(msg, ev.aborted_reason or ev.status)
         if self.store._nursery is not None:
             self.store._nursery.start_soon(self.leases.release, sid, ev.msg_id)
+
+    def _end_here(self, msg: InflightMessage, reason: str) -> None:
+        """End a producer here without a finalize of its own: another worker
+        wrote one (or its sweeper will)."""
+        msg.finished = True
+        self.store.saver.end(msg)
+        msg.abort_reason = reason
+        msg.scope.cancel()
 
     def _gone(self, sid: str, owner: str) -> None:
         store = self.store
         for (s, _), msg in list(store.saver.active.items()):
             if s == sid:
-                msg.finished = True
-                store.saver.end(msg)
-                msg.abort_reason = "session deleted"
-                msg.scope.cancel()
+                self._end_here(msg, "session deleted")
         store._states.pop(sid, None)
         store.hub.end(sid, "session deleted")
         store._notify("session_deleted", {"session_id": sid}, owner)
@@ -254,10 +257,7 @@ class Worker:
                 log.error("reply %s: its lease was taken by another worker; it stops here", key)
                 self.lost.append((sid, msg_id))
                 if msg is not None and not msg.finished:
-                    msg.finished = True
-                    self.store.saver.end(msg)
-                    msg.abort_reason = "lease lost"
-                    msg.scope.cancel()
+                    self._end_here(msg, "lease lost")
 
     async def sweep_once(self) -> list[tuple[str, str]]:
         done = await self.leases.sweep()
