@@ -50,7 +50,7 @@ from __future__ import annotations
 import secrets
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -62,7 +62,8 @@ from .errors import CorruptRecord, RecordTooLarge, SessionExists, StoreBroken, S
 from .events import Event, MessageFinalized, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
-from .natsio import AsyncioThread, default_prefix, ensure_stream, publish_answered, split_by_size, until_led
+from .natsio import (AsyncioThread, default_prefix, ensure_stream, publish_answered, read_subject, split_by_size,
+                     until_led)
 from .record import Record, decode_record, encode_record
 
 
@@ -130,6 +131,9 @@ class JetStreamLog:
         # listeners saw them): True from the tail; False after a rebase, when
         # only the reset listeners did (the fold is theirs; the rest is not).
         self.remote_listeners: list[Callable[[str, list[Record], bool], None]] = []
+        # Every message the tail delivers, this log's own included, in stream
+        # order (session id, data, stream sequence): the checkpoint's fold.
+        self.stream_listeners: list[Callable[[str, bytes, int], None]] = []
         self._purged: dict[str, int] = {}  # a session removed here: the stream sequence its purge covered
         self.journal = None  # (no write-ahead journal: the stream is the log)
         self._stats = [0, 0, 0, 0]  # batches, records, largest batch, messages published
@@ -147,6 +151,8 @@ class JetStreamLog:
         self._closed = False
         self.worker = secrets.token_hex(6)  # names this writer on its messages (the tail skips its own)
         self.tail_position = 0  # the stream sequence of the last message the tail delivered
+        self.written_position = 0  # the stream sequence of the last message this log stored
+        self.replayed = 0  # messages the opening replay delivered
         self.replay_seconds = 0.0  # how long the opening replay took (set by its opener)
 
     def _retried(self, n: int) -> None:
@@ -310,6 +316,7 @@ class JetStreamLog:
                     if not isinstance(ack, BaseException):
                         fence[sid] = ack.seq
                         sess.stream_seq = max(sess.stream_seq, ack.seq)
+                        self.written_position = max(self.written_position, ack.seq)
                         sess.durable_seq = max(sess.durable_seq, chunks[sid][rnd][-1][0])
                     elif getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
                         conflicted.append((sid, [item for chunk in chunks[sid][rnd:] for item in chunk]))
@@ -414,6 +421,21 @@ class JetStreamLog:
 
     # -- the tail: other writers' records -------------------------------------
 
+    def _tailed(self, subject: str, data: bytes, stream_seq: int, own: bool) -> None:
+        """A message the tail delivered (on the trio thread, in stream order)."""
+        sid = subject[len(self.prefix) + 1:]
+        for sl in self.stream_listeners:
+            sl(sid, data, stream_seq)
+        if not own:
+            self._take_foreign(subject, data, stream_seq)
+
+    def seed(self, session_id: str, seq: int, end: int, stream_seq: int) -> None:
+        """Know a session as a checkpoint has it (before the tail starts
+        after the checkpoint's position)."""
+        sess = self._sessions[validate_session_id(session_id)] = _Session()
+        sess.last_seq = sess.durable_seq = seq
+        sess.end, sess.stream_seq = end, stream_seq
+
     def _take_foreign(self, subject: str, data: bytes, stream_seq: int) -> None:
         """Another writer's message (on the trio thread, in stream order)."""
         self.tail_position = max(self.tail_position, stream_seq)
@@ -428,11 +450,19 @@ class JetStreamLog:
             # ack (stored after ours), or read again by the rebase (before)
             sess.deferred.append((data, stream_seq))
             return
+        records = scan(sid, data).records
+        if sess is not None and not sess.deleted and records and isinstance(records[0].event, SessionCreated) \
+                and records[0].seq <= sess.last_seq:
+            # The id made again by another writer after a deletion whose
+            # tombstone was purged before the tail brought it: the old is gone.
+            sess.deleted = True
+            for reset in self.reset_listeners:
+                reset(sid, [], 0)
         if sess is None or sess.deleted:
             sess = self._sessions[sid] = _Session()
         sess.stream_seq = stream_seq
         taken = []
-        for rec, end in with_ends(scan(sid, data).records, data, sess.end):
+        for rec, end in with_ends(records, data, sess.end):
             if rec.seq <= sess.last_seq:
                 continue  # known already
             sess.last_seq = sess.durable_seq = rec.seq
@@ -448,24 +478,31 @@ class JetStreamLog:
         self._durable.set()
         self._durable = trio.Event()
 
-    async def _start_tail(self, replay: bool = False) -> None:
-        """Tail the stream from now on; with `replay`, from its first message,
-        returning once every message there was at the start has reached the
-        listeners (what a worker's start does: its registry from the stream)."""
+    async def _start_tail(self, replay: bool = False, start: int = 0) -> None:
+        """Tail the stream from now on; with `replay`, from its first message
+        (or from stream sequence `start`), returning once every message there
+        was at the start has reached the listeners (what a worker's start
+        does: its registry from the stream, or from a checkpoint and then the
+        stream)."""
         token = trio.lowlevel.current_trio_token()
         js, worker, stream = self._js, self.worker, self.stream
         delivered = [0]  # messages the tail got (on the asyncio thread)
 
         async def subscribe() -> Any:
-            from nats.js.api import DeliverPolicy
+            from nats.js.api import ConsumerConfig, DeliverPolicy
 
             async def on_message(msg: Any) -> None:
                 delivered[0] += 1
-                if (msg.headers or {}).get(WRITER_HEADER) == worker:
+                own = (msg.headers or {}).get(WRITER_HEADER) == worker
+                if own and not self.stream_listeners:
                     return
-                token.run_sync_soon(self._take_foreign, msg.subject, msg.data or b"", msg.metadata.sequence.stream)
+                token.run_sync_soon(self._tailed, msg.subject, msg.data or b"", msg.metadata.sequence.stream, own)
+            policy = DeliverPolicy.ALL if replay else DeliverPolicy.NEW
+            config = None
+            if replay and start > 1:
+                config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
             return await js.subscribe(f"{self.prefix}.>", stream=stream, cb=on_message, ordered_consumer=True,
-                                      deliver_policy=DeliverPolicy.ALL if replay else DeliverPolicy.NEW)
+                                      **({"config": config} if config else {"deliver_policy": policy}))
         self._tail_sub = sub = await self._bridge.run(subscribe)
         while replay:
             # Caught up: nothing left on the server for the consumer, and every
@@ -478,6 +515,7 @@ class JetStreamLog:
                 return int(info.num_pending or 0), int(info.delivered.consumer_seq or 0), delivered[0]
             pending, sent, got = await self._bridge.run(progress)
             if pending == 0 and got >= sent:
+                self.replayed = got
                 return
             await trio.sleep(0.02)
 
@@ -523,53 +561,7 @@ class JetStreamLog:
         of its last message (0: none), and each message's (stream sequence,
         offset just past it in the lines)."""
         subject, js, stream = self.subject(session_id), self._js, self.stream
-
-        async def messages() -> tuple[bytes, int, list[tuple[int, int]]]:
-            from nats.js.api import ConsumerConfig, DeliverPolicy
-            from nats.js.errors import NotFoundError
-            parts: list[bytes] = []
-            marks: list[tuple[int, int]] = []
-            seq, end = 1, 0
-
-            def take(data: bytes | None, stream_seq: int) -> None:
-                nonlocal end
-                parts.append(data or b"")
-                end += len(data or b"")
-                marks.append((stream_seq, end))
-            # A short session: one get a message. A long one (a rebase or load
-            # of thousands) from an ordered consumer, up to its last message now;
-            # by gets again if no consumer can be made (the meta leader lost).
-            async def by_gets(limit: float) -> bool:
-                nonlocal seq
-                while len(marks) < limit:
-                    try:
-                        msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
-                    except NotFoundError:
-                        return True
-                    take(msg.data, msg.seq)
-                    seq = msg.seq + 1
-                return False
-            if await by_gets(DIRECT_GETS):
-                return b"".join(parts), (marks[-1][0] if marks else 0), marks
-            try:
-                last = (await js.get_last_msg(stream, subject)).seq
-            except NotFoundError:  # purged meanwhile
-                return b"", 0, []
-            try:
-                sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=ConsumerConfig(
-                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq))
-            except Exception:  # noqa: BLE001 - no consumer now: the slow way
-                await by_gets(float("inf"))
-                return b"".join(parts), (marks[-1][0] if marks else 0), marks
-            try:
-                while seq <= last:
-                    msg = await sub.next_msg(timeout=30)
-                    take(msg.data, msg.metadata.sequence.stream)
-                    seq = msg.metadata.sequence.stream + 1
-            finally:
-                await sub.unsubscribe()
-            return b"".join(parts), marks[-1][0], marks
-        return await self._bridge.run(messages)
+        return await self._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS))
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         """The session's acknowledged records with seq > after_seq."""
@@ -656,12 +648,16 @@ class JetStreamLog:
 async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", prefix: str = "sl.s",
                              replicas: int = 3, timeout: float = 10.0, retry_for: float = 60.0,
                              replay: bool = False, create: bool = True,
-                             listeners: Sequence[RecordListener] = ()) -> AsyncIterator[JetStreamLog]:
+                             listeners: Sequence[RecordListener] = (),
+                             seed: Callable[[JetStreamLog], Awaitable[int]] | None = None,
+                             ) -> AsyncIterator[JetStreamLog]:
     """Connect, create the stream if needed (`replicas` copies), run the
     committer until the block exits; everything appended inside the block is
     committed before it does. With `replay`, every session on the stream is
     known, and every record of it has reached `listeners`, when the block
-    starts (a worker's start). Without `create`, a stream that does not
+    starts (a worker's start); `seed`, given the log before its tail starts,
+    may make it know sessions as of a checkpoint and return the stream
+    sequence the replay resumes after. Without `create`, a stream that does not
     exist is StoreBroken (nothing is made). A publish that gets no answer (a leader
     being elected, a node lost) is retried for `retry_for` seconds before
     the log is broken."""
@@ -679,8 +675,9 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for)
             log.max_message = int(nc.max_payload) - 4096
             log.listeners.extend(listeners)
+            start = await seed(log) + 1 if seed is not None and replay else 0
             with trio.fail_after(max(60.0, 6 * timeout)):
-                await log._start_tail(replay)
+                await log._start_tail(replay, start)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(log._commit)
                 try:

@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -37,12 +38,15 @@ from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized
                                                 SessionDeleted)
 from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
 from sessionlog_store.eventstore.natsio import default_prefix
+from sessionlog_store.eventstore.objects import StreamObjects, stream_facts
 from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.log import scan
-from sessionlog_store.projections.lifecycle import OPEN_STATUSES
 from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.projections.registry import Registry
+from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_checkpoint,
+                                                      prune)
+from sessionlog_store.projections.stream_fold import seed as seed_registry
 from sessionlog_store.projections.session import SessionState
 from sessionlog_store.server.domain.errors import ServiceError
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
@@ -53,60 +57,92 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sessionlog.worker")
 
-
-class RunningIndex:
-    """Every reply running on the stream, any worker's, with what
-    `list_running` shows of it (a fold of the records, kept from the start's
-    replay on)."""
-
-    def __init__(self) -> None:
-        self.replies: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def apply(self, sid: str, rec: Record, end: int) -> None:
-        ev = rec.event
-        if isinstance(ev, MessageProgress):
-            r = self.replies.get((sid, ev.msg_id))
-            if r is not None:
-                r["length"] = ev.offset + len(ev.content_delta)
-        elif isinstance(ev, MessageCreated):
-            if ev.status in OPEN_STATUSES:
-                self.replies[(sid, ev.msg_id)] = {"session_id": sid, "msg_id": ev.msg_id, "kind": ev.kind,
-                                                  "role": ev.role, "caller": ev.caller,
-                                                  "started_at": ev.started_at or rec.ts, "length": len(ev.content)}
-        elif isinstance(ev, MessageFinalized):
-            self.replies.pop((sid, ev.msg_id), None)
-        elif isinstance(ev, SessionDeleted):
-            self.drop(sid)
-
-    def drop(self, sid: str) -> None:
-        for key in [k for k in self.replies if k[0] == sid]:
-            del self.replies[key]
+CHECKPOINT_NAME = "registry"  # the registry checkpoint's object in the stream's cache bucket
 
 
 @asynccontextmanager
-async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamLog, Registry, Leases, RunningIndex]]:
+async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamLog, Registry, Leases, RunningIndex,
+                                                                         Checkpoints]]:
     """The shared stream (created if missing) with the registry and the
-    running replies folded from it, and the lease bucket."""
+    running replies folded from it (from the stream's registry checkpoint
+    and the messages after it), the lease bucket and the checkpoints."""
     registry, running = Registry(), RunningIndex()
+    ckpts = Checkpoints(StreamFold(config.stream) if config.stream_checkpoint_interval > 0 else None)
+
+    async def seed(es: JetStreamLog) -> int:
+        if ckpts.fold is not None:
+            ckpts.objects = await StreamObjects.open(es, replicas=config.replicas)
+            ckpts.start = await _seed(es, ckpts.objects, registry, running, ckpts.fold)
+        return ckpts.start.position if ckpts.start is not None else 0
     t0 = time.monotonic()
     async with open_jetstream_log(list(config.backend), stream=config.stream,
                                   prefix=config.subject_prefix or default_prefix(config.stream), replicas=config.replicas,
-                                  replay=True, listeners=[registry.apply, running.apply]) as es:
+                                  replay=True, listeners=[registry.apply, running.apply], seed=seed) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
         es.replay_seconds = time.monotonic() - t0
         leases = await Leases.open(es, ttl=config.lease_ttl, replicas=config.replicas)
-        yield es, registry, leases, running
+        yield es, registry, leases, running, ckpts
+
+
+async def _seed(es: JetStreamLog, objects: StreamObjects, registry: Registry, running: RunningIndex,
+                fold: StreamFold) -> CheckpointStart | None:
+    """Before the replay: the fold fed from the tail (every message), and the
+    registry, the running replies and the log's sessions from the stream's
+    checkpoint if one serves (a missing or unusable one: a full replay)."""
+    es.stream_listeners.append(fold.take)
+    try:
+        facts = await stream_facts(es)
+        fold.created = facts.created
+        stored = await objects.get(CHECKPOINT_NAME)
+        if stored is None:
+            return None
+        ckpt = decode_checkpoint(stored[0], es.stream, facts.created, facts.last_seq)
+    except CheckpointUnusable as e:
+        log.warning("the stream's registry checkpoint is unusable (%s): replaying the whole stream", e)
+        objects.replace = True
+        return None
+    except Exception as e:  # noqa: BLE001 - a cache: the stream serves without it
+        log.warning("could not read the stream's registry checkpoint (%s): replaying the whole stream", e)
+        return None
+    gone = prune(ckpt, facts.live)
+    fold.seed(ckpt)
+    seed_registry(ckpt, registry, running)
+    for sid, pos in ckpt.positions.items():
+        es.seed(sid, pos.seq, pos.end, pos.stream_seq)
+    es.tail_position = ckpt.position
+    return CheckpointStart(ckpt.position, len(ckpt.sessions), len(gone), ckpt.written_at)
+
+
+class CheckpointStart(msgspec.Struct):
+    """What a start took from the stream's checkpoint."""
+    position: int         # the stream sequence it was as of (the replay went on after it)
+    sessions: int
+    pruned: int           # its sessions deleted (and purged) since it was written
+    written_at: float
+
+
+@dataclass
+class Checkpoints:
+    """The registry checkpoint's side of a worker: the fold it is written
+    from (None: checkpoints off), the bucket, what the start took."""
+    fold: StreamFold | None
+    objects: StreamObjects | None = None
+    start: CheckpointStart | None = None
 
 
 class Worker:
     """The store's side of sharing the stream (see the module's header)."""
 
-    def __init__(self, store: SessionStore, es: JetStreamLog, leases: Leases, running: RunningIndex) -> None:
+    def __init__(self, store: SessionStore, es: JetStreamLog, leases: Leases, running: RunningIndex,
+                 checkpoints: Checkpoints | None = None) -> None:
         self.store, self.es, self.leases, self.running = store, es, leases, running
+        self.checkpoints = checkpoints or Checkpoints(None)
         self.swept = leases.finalized            # replies this worker's sweeper finalized (as it does)
         self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
         self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
         self._reset_loading: set[str] = set()
+        start = self.checkpoints.start
+        self.checkpointed = start.position if start is not None else 0  # the stream sequence last written as of
         es.remote_listeners.append(self.on_remote)
         es.reset_listeners.append(self.on_reset)
 
@@ -292,6 +328,46 @@ class Worker:
             except Exception as e:  # noqa: BLE001 - the stream unavailable for a moment: the next sweep
                 log.warning("lease sweep failed: %s", e)
             await trio.sleep(self.leases.ttl / 2)
+
+    # -- the registry checkpoint ----------------------------------------------
+
+    async def write_checkpoint(self) -> bool:
+        """Write the fold's checkpoint, if it moved since the stored one (any
+        worker's). Returns whether this one was stored."""
+        fold, objects = self.checkpoints.fold, self.checkpoints.objects
+        if fold is None or objects is None or fold.position <= self.checkpointed:
+            return False
+        position, data = fold.position, fold.checkpoint(time.time())
+        stored = await objects.put(CHECKPOINT_NAME, data, position, replace=objects.replace)
+        self.checkpointed, objects.replace = position, False
+        if stored:
+            log.info("registry checkpoint written as of stream sequence %d (%d sessions, %d bytes)",
+                     position, len(fold.positions), len(data))
+        return stored
+
+    async def at_stop(self) -> None:
+        """A stop's last checkpoint (what the stop aborted included, once the
+        tail brought it), within a few seconds."""
+        if self.checkpoints.fold is None:
+            return
+        with trio.move_on_after(5):
+            await self.es.flush()
+            while self.checkpoints.fold.position < max(self.es.written_position, self.es.tail_position):
+                await trio.sleep(0.02)
+        try:
+            with trio.move_on_after(5):
+                await self.write_checkpoint()
+        except Exception as e:  # noqa: BLE001 - a cache: the next start replays more
+            log.warning("could not write the registry checkpoint at stop: %s", e)
+
+    async def checkpoint_loop(self) -> None:
+        interval = self.store.config.stream_checkpoint_interval
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.write_checkpoint()
+            except Exception as e:  # noqa: BLE001 - a cache: the next round tries again
+                log.warning("could not write the registry checkpoint: %s", e)
 
     def summary(self) -> dict[str, Any]:
         return {"worker": self.es.worker, "stream": self.es.stream, "sessions": len(self.store.registry),

@@ -83,6 +83,9 @@ class StoreConfig:
     subject_prefix: str = ""              # "": sl.<stream> (a session's subject: <prefix>.<id>)
     replicas: int = 3
     lease_ttl: float = 15.0
+    # The registry checkpoint on the stream's object bucket, written this
+    # often when the stream moved (0: none kept, a start replays it all).
+    stream_checkpoint_interval: float = 30.0
 
 
 Watcher = Callable[[str, dict[str, Any]], None]  # (kind, data)
@@ -634,6 +637,8 @@ class SessionStore(Replies):
         await self.abort_running("server shutdown")
         if self.worker is None:
             await self.caches.at_stop()
+        else:
+            await self.worker.at_stop()
 
 
 @asynccontextmanager
@@ -645,10 +650,10 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
     config = config or StoreConfig()
     root = os.path.abspath(root)
     if config.backend:
-        async with open_worker_log(config) as (stream, registry, leases, index):
+        async with open_worker_log(config) as (stream, registry, leases, index, checkpoints):
             store = SessionStore(root, stream, fs, config, titler or KeywordTitler())  # type: ignore[arg-type]
             store.registry = registry
-            store.worker = worker = Worker(store, stream, leases, index)
+            store.worker = worker = Worker(store, stream, leases, index, checkpoints)
             await start_worker(store, worker)
             async with _running(store, worker) as running:
                 yield running
@@ -677,6 +682,8 @@ async def _running(store: SessionStore, worker: Worker | None = None) -> AsyncIt
                 store.prefix_check.done.set()
                 nursery.start_soon(worker.renew_loop)
                 nursery.start_soon(worker.sweep_loop)
+                if worker.checkpoints.fold is not None:
+                    nursery.start_soon(worker.checkpoint_loop)
             try:
                 yield store
             finally:

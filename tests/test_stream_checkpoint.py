@@ -1,0 +1,145 @@
+"""The registry checkpoint on a shared stream (issue 17, item 2): a worker's
+fold of every message in stream order, written to the stream's object
+bucket, lets the next worker's start replay only what came after it, and
+that start ends with the registry a full replay gives, on a real 3-node
+cluster: sessions renamed, deleted (and purged), made again under a deleted
+id and made after the checkpoint; a reply running across it; an unusable
+checkpoint falls back to the full replay."""
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from sessionlog_store.server.domain.scaleout import CHECKPOINT_NAME
+from sessionlog_store.server.domain.store import SessionStore, StoreConfig, open_session_store
+
+pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+
+
+@asynccontextmanager
+async def worker(cluster, tmp_path, name: str, stream: str, **kw: Any):  # type: ignore[no-untyped-def]
+    root = str(tmp_path / name)
+    os.makedirs(root, exist_ok=True)
+    kw.setdefault("stream_checkpoint_interval", 3600.0)  # written when the test says
+    config = StoreConfig(backend=tuple(cluster.urls), stream=stream, subject_prefix=f"c.{stream}", **kw)
+    async with open_session_store(root, config=config) as store:
+        yield store
+
+
+def view(store: SessionStore) -> tuple[Any, Any, Any]:
+    """What a client sees of the stream through this worker: every row,
+    every running reply, each session's seq and fence."""
+    rows = {sid: msgspec.to_builtins(m) for sid, m in store.registry.rows.items()}
+    running = sorted((r["session_id"], r["msg_id"], r["length"]) for r in store.list_running())
+    es = store.es
+    positions = {sid: (es.last_seq(sid), es.durable_end(sid), es._sessions[sid].stream_seq)  # type: ignore[attr-defined]
+                 for sid in es.session_ids()}
+    return rows, running, positions
+
+
+async def until(pred, within: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(within):
+        while not pred():
+            await trio.sleep(0.02)
+
+
+async def test_a_start_from_the_checkpoint_ends_where_a_full_replay_does(nats_cluster, tmp_path):
+    stream = "CK1"
+    async with worker(nats_cluster, tmp_path, "a", stream) as a:
+        sids = [(await a.create_session(first_message=f"hello {i}"))[0].id for i in range(12)]
+        for sid in sids[:4]:
+            await a.rename_session(sid, f"renamed {sid}")
+        await a.delete_session(sids[4])
+        reply_done = trio.Event()
+        proceed = trio.Event()
+
+        async def produce() -> None:
+            async with a.inflight(sids[5]) as msg:
+                for i in range(40):
+                    msg.write(f"{i} ")
+                    await trio.sleep(0.005)
+                await proceed.wait()
+                msg.write("end")
+            reply_done.set()
+        async with trio.open_nursery() as n:
+            n.start_soon(produce)
+            await until(lambda: a.list_running() and a.list_running()[0]["length"] > 20)
+            await a.es.flush()
+            fold = a.worker.checkpoints.fold
+            await until(lambda: fold.position >= a.es.written_position)
+            assert await a.worker.write_checkpoint()
+            position = fold.position
+            assert not await a.worker.write_checkpoint(), "written again with nothing new"
+            # after the checkpoint: renamed, deleted (purged), an id made again, a new one, the reply ends
+            await a.rename_session(sids[0], "after the checkpoint")
+            await a.delete_session(sids[1])
+            await a.delete_session(sids[2])
+            await a.create_session(sids[2], first_message="the same id, made again")
+            fresh = (await a.create_session(first_message="new"))[0].id
+            await a.append_message(sids[6], "one more")
+            proceed.set()
+            await reply_done.wait()
+        await a.es.flush()
+        # (b and c start while a runs: a's stop would write a newer checkpoint)
+
+        async with worker(nats_cluster, tmp_path, "b", stream) as b, \
+                worker(nats_cluster, tmp_path, "c", stream, stream_checkpoint_interval=0) as c:
+            start = b.worker.checkpoints.start
+            assert start is not None and start.pruned == 1, "the session deleted after the checkpoint is dropped"
+            assert start.position == position
+            assert b.es.replayed < c.es.replayed, (b.es.replayed, c.es.replayed)
+            assert c.worker.checkpoints.start is None
+            assert view(b) == view(c)
+            assert sids[1] not in b.registry and sids[4] not in b.registry and fresh in b.registry
+            assert [m.content for m in await b.get_messages(sids[2])] == ["the same id, made again"]
+            assert b.get_meta(sids[0]).title == "after the checkpoint"
+            # the fence came from the checkpoint: an append there is not a conflict
+            await b.append_message(sids[7], "from b")
+            await b.rename_session(sids[8], "b renamed it")
+            assert b.es.conflicts == 0
+            await until(lambda: c.get_meta(sids[8]).title == "b renamed it")
+            assert [m.content for m in await c.get_messages(sids[7])] == ["hello 7", "from b"]
+
+
+async def test_the_stop_writes_the_checkpoint_and_the_next_start_takes_it(nats_cluster, tmp_path):
+    stream = "CK2"
+    async with worker(nats_cluster, tmp_path, "a", stream) as a:
+        for i in range(5):
+            await a.create_session(first_message=f"m{i}")
+        written = a.es.written_position
+    async with worker(nats_cluster, tmp_path, "b", stream) as b:
+        start = b.worker.checkpoints.start
+        assert start is not None and start.position >= written and start.sessions == 5
+        assert b.es.replayed == 0, "nothing after the checkpoint to replay"
+        meta, _ = await b.create_session(first_message="after")
+        # b's own messages reach its fold (the tail brings them), so its checkpoint has them
+        await until(lambda: b.worker.checkpoints.fold.position >= b.es.written_position)
+        assert meta.id in b.worker.checkpoints.fold.registry
+    async with worker(nats_cluster, tmp_path, "c", stream) as c, \
+            worker(nats_cluster, tmp_path, "d", stream, stream_checkpoint_interval=0) as d:
+        assert c.worker.checkpoints.start.sessions == 6
+        assert view(c) == view(d)
+
+
+async def test_an_unusable_checkpoint_is_a_full_replay(nats_cluster, tmp_path, caplog):
+    stream = "CK3"
+    async with worker(nats_cluster, tmp_path, "a", stream) as a:
+        for i in range(3):
+            await a.create_session(first_message=f"m{i}")
+        await a.worker.checkpoints.objects.put(CHECKPOINT_NAME, b"{not a checkpoint", 10**9)
+    caplog.set_level(logging.WARNING, "sessionlog.worker")
+    async with worker(nats_cluster, tmp_path, "b", stream) as b, \
+            worker(nats_cluster, tmp_path, "c", stream, stream_checkpoint_interval=0) as c:
+        assert b.worker.checkpoints.start is None
+        assert "unusable" in caplog.text and "replaying the whole stream" in caplog.text
+        assert view(b) == view(c) and len(b.registry) == 3
+        # the stored one claims a later position, but was unusable: b's replaces it
+        assert await b.worker.write_checkpoint()
+    async with worker(nats_cluster, tmp_path, "d", stream) as d:
+        assert d.worker.checkpoints.start is not None and d.worker.checkpoints.start.sessions == 3
