@@ -16,7 +16,7 @@ import msgspec
 import pytest
 import trio
 
-from sessionlog_store.server.domain.scaleout import CHECKPOINT_NAME
+from sessionlog_store.server.domain.scaleout import CHECKPOINT_NAME, snapshot_name
 from sessionlog_store.server.domain.store import SessionStore, StoreConfig, open_session_store
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
@@ -38,7 +38,7 @@ def view(store: SessionStore) -> tuple[Any, Any, Any]:
     rows = {sid: msgspec.to_builtins(m) for sid, m in store.registry.rows.items()}
     running = sorted((r["session_id"], r["msg_id"], r["length"]) for r in store.list_running())
     es = store.es
-    positions = {sid: (es.last_seq(sid), es.durable_end(sid), es._sessions[sid].stream_seq)  # type: ignore[attr-defined]
+    positions = {sid: (es.last_seq(sid), es.durable_end(sid), es.stream_seq(sid))  # type: ignore[attr-defined]
                  for sid in es.session_ids()}
     return rows, running, positions
 
@@ -143,3 +143,39 @@ async def test_an_unusable_checkpoint_is_a_full_replay(nats_cluster, tmp_path, c
         assert await b.worker.write_checkpoint()
     async with worker(nats_cluster, tmp_path, "d", stream) as d:
         assert d.worker.checkpoints.start is not None and d.worker.checkpoints.start.sessions == 3
+
+
+def state_view(state: Any) -> Any:
+    return msgspec.to_builtins({"seq": state.seq, "end": state.end, "meta": state.meta, "head": state.head,
+                                "messages": list(state.messages.values()), "children": state.children,
+                                "active": state.active})
+
+
+async def test_a_long_session_loads_from_its_snapshot_of_its_own_incarnation(nats_cluster, tmp_path):
+    stream = "CK4"
+    async with worker(nats_cluster, tmp_path, "a", stream) as a:
+        sid = (await a.create_session(first_message="write a lot"))[0].id
+        objects = a.worker.checkpoints.objects
+        async with a.inflight(sid) as msg:
+            for i in range(800):
+                msg.write(f"{i:05d} " * 20)  # 96 KiB in all
+        with trio.fail_after(15):
+            while (stored := await objects.get(snapshot_name(sid))) is None:
+                await trio.sleep(0.05)
+        assert 0 < stored[1] <= a.es.stream_seq(sid), "as of a message of the session"
+        await a.append_message(sid, "after the snapshot")
+        async with worker(nats_cluster, tmp_path, "b", stream) as b, \
+                worker(nats_cluster, tmp_path, "c", stream, stream_checkpoint_interval=0) as c:
+            got, full = await b.load_session(sid), await c.load_session(sid)
+            assert b.worker.snapshot_loads == 1 and c.worker.snapshot_loads == 0
+            assert state_view(got) == state_view(full)
+            assert [m.content for m in await b.get_messages(sid)][-1] == "after the snapshot"
+        # the id deleted and made again: the old snapshot (left behind, as if
+        # its deletion had failed) is not the new session's
+        await a.delete_session(sid)
+        await a.create_session(sid, first_message="x" * (70 * 1024))
+        await objects.put(snapshot_name(sid), stored[0], 10**9, replace=True)
+        async with worker(nats_cluster, tmp_path, "d", stream) as d:
+            state = await d.load_session(sid)
+            assert d.worker.snapshot_loads == 0
+            assert [m.content[:3] for m in state.messages.values()] == ["xxx"]

@@ -528,6 +528,9 @@ class JetStreamLog:
     def written_seq(self, session_id: str) -> int:
         return self._session(session_id).durable_seq
 
+    def stream_seq(self, session_id: str) -> int:
+        return self._session(session_id).stream_seq  # of the session's last message (its fence)
+
     def unwritten(self, session_id: str) -> bytes:
         return b""  # (acknowledged is on the stream: nothing waits in a journal)
 

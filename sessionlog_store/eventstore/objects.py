@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from .natsio import until_led
+from .natsio import read_subject, until_led
 
 if TYPE_CHECKING:
     from .jetstream import JetStreamLog
@@ -91,6 +91,17 @@ class StreamObjects:
         await self.log._bridge.run(put)
         return True
 
+    async def delete(self, name: str) -> None:
+        store = self._store
+
+        async def delete() -> None:
+            from nats.js.errors import NotFoundError, ObjectNotFoundError
+            try:
+                await store.delete(name)
+            except (ObjectNotFoundError, NotFoundError):
+                pass
+        await self.log._bridge.run(delete)
+
 
 class StreamFacts(msgspec.Struct):
     """What a start checks a checkpoint against."""
@@ -108,3 +119,25 @@ async def stream_facts(log: JetStreamLog) -> StreamFacts:
     found = got.state.subjects or {}
     live = None if len(found) >= MAX_SUBJECT_DETAILS else {subject[len(prefix) + 1:] for subject in found}
     return StreamFacts(str(got.created or ""), int(got.state.last_seq or 0), live)
+
+
+async def subject_from(log: JetStreamLog, session_id: str, start: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """A session's messages from stream sequence `start` on, joined, and
+    each one's (stream sequence, offset just past it there)."""
+    from .jetstream import DIRECT_GETS
+    js, stream, subject = log._js, log.stream, log.subject(session_id)
+    data, _, marks = await log._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
+    return data, marks
+
+
+async def first_stream_seq(log: JetStreamLog, session_id: str) -> int:
+    """The stream sequence of the session's first message (0: none)."""
+    js, stream, subject = log._js, log.stream, log.subject(session_id)
+
+    async def first() -> int:
+        from nats.js.errors import NotFoundError
+        try:
+            return int((await js.get_msg(stream, seq=1, subject=subject, next=True)).seq)
+        except NotFoundError:
+            return 0
+    return await log._bridge.run(first)

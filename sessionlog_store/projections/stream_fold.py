@@ -22,9 +22,10 @@ from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized
 from sessionlog_store.eventstore.log import scan, with_ends
 from sessionlog_store.eventstore.record import Record
 
+from .checkpoint import SNAPSHOT_VERSION, SessionSnapshot
 from .lifecycle import OPEN_STATUSES
 from .registry import Mark, Registry
-from .session import SessionMeta
+from .session import SessionMeta, SessionState
 
 CHECKPOINT_VERSION: Final = 1
 
@@ -112,6 +113,33 @@ def decode_checkpoint(data: bytes, stream: str, created: str, last_seq: int) -> 
     if set(ckpt.sessions) - set(ckpt.positions):
         raise CheckpointUnusable("a session without its position")
     return ckpt
+
+
+class StreamSnapshot(msgspec.Struct, kw_only=True):
+    """A session's state as of the stream sequence of its last message it
+    holds; `first`, the stream sequence of the session's first message,
+    names the incarnation (an id deleted and made again has another)."""
+    version: int = CHECKPOINT_VERSION
+    stream_seq: int
+    first: int
+    state: SessionSnapshot
+
+
+_SNAPSHOT_DECODER: Final = msgspec.json.Decoder(StreamSnapshot)
+
+
+def encode_snapshot(state: SessionState, stream_seq: int, first: int) -> bytes:
+    return _ENCODER.encode(StreamSnapshot(stream_seq=stream_seq, first=first, state=SessionSnapshot.of(state)))
+
+
+def decode_snapshot(data: bytes) -> StreamSnapshot:
+    try:
+        snap = _SNAPSHOT_DECODER.decode(data)
+    except msgspec.DecodeError as e:
+        raise CheckpointUnusable(f"undecodable: {e}") from None
+    if snap.version != CHECKPOINT_VERSION or snap.state.version != SNAPSHOT_VERSION:
+        raise CheckpointUnusable(f"format version {snap.version}/{snap.state.version}")
+    return snap
 
 
 class StreamFold:

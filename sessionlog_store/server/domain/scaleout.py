@@ -38,14 +38,14 @@ from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized
                                                 SessionDeleted)
 from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
 from sessionlog_store.eventstore.natsio import default_prefix
-from sessionlog_store.eventstore.objects import StreamObjects, stream_facts
+from sessionlog_store.eventstore.objects import StreamObjects, first_stream_seq, stream_facts, subject_from
 from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.eventstore.log import scan
+from sessionlog_store.eventstore.log import scan, with_ends
 from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.projections.registry import Registry
 from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_checkpoint,
-                                                      prune)
+                                                      decode_snapshot, encode_snapshot, prune)
 from sessionlog_store.projections.stream_fold import seed as seed_registry
 from sessionlog_store.projections.session import SessionState
 from sessionlog_store.server.domain.errors import ServiceError
@@ -58,6 +58,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("sessionlog.worker")
 
 CHECKPOINT_NAME = "registry"  # the registry checkpoint's object in the stream's cache bucket
+# A session's snapshot is written when its lines grew this much since the
+# last one (at a reply's end), and read by a load of a session this long.
+SNAPSHOT_BYTES = 64 * 1024
+
+
+def snapshot_name(sid: str) -> str:
+    return f"session.{sid}"
 
 
 @asynccontextmanager
@@ -143,6 +150,8 @@ class Worker:
         self._reset_loading: set[str] = set()
         start = self.checkpoints.start
         self.checkpointed = start.position if start is not None else 0  # the stream sequence last written as of
+        self._snapshot_end: dict[str, int] = {}  # a session's lines' length in its last snapshot read or written
+        self.snapshot_loads = 0  # loads that read a snapshot and the messages after it
         es.remote_listeners.append(self.on_remote)
         es.reset_listeners.append(self.on_reset)
 
@@ -231,10 +240,81 @@ class Worker:
                 store._notify("session_updated", {"id": sid, **changed})
 
     async def read_state(self, sid: str) -> SessionState:
-        """A session's state as the stream holds it."""
+        """A session's state as the stream holds it: from its snapshot and the
+        messages after it when it has a snapshot of this incarnation, else
+        from all of its messages."""
+        if self.checkpoints.objects is not None and sid in self.es and self.es.durable_end(sid) >= SNAPSHOT_BYTES:
+            state = await self._from_snapshot(sid, self.checkpoints.objects)
+            if state is not None:
+                return state
         data = await self.es.log_bytes(sid)
         records = scan(sid, data).records
         return fold_until(records, data, records[-1].seq if records else 0)
+
+    async def _from_snapshot(self, sid: str, objects: StreamObjects) -> SessionState | None:
+        es = self.es
+        await es.flush()  # (what this worker appended is in what is read)
+        try:
+            stored = await objects.get(snapshot_name(sid))
+            if stored is None:
+                return None
+            snap = decode_snapshot(stored[0])
+            if await first_stream_seq(es, sid) != snap.first:
+                return None  # a snapshot of a deleted session of the id
+            data, _ = await subject_from(es, sid, snap.stream_seq + 1)
+        except CheckpointUnusable as e:
+            log.warning("session %s: its snapshot is unusable (%s); reading all of it", sid, e)
+            return None
+        except Exception as e:  # noqa: BLE001 - a cache: the stream serves without it
+            log.warning("session %s: could not read its snapshot (%s); reading all of it", sid, e)
+            return None
+        state = snap.state.to_state()
+        for rec, end in with_ends(scan(sid, data).records, data, state.end):
+            if rec.seq > state.seq:
+                state.apply(rec, end)
+        self.snapshot_loads += 1
+        self._snapshot_end[sid] = snap.state.end
+        return state
+
+    async def write_snapshot(self, sid: str) -> bool:
+        """Write a loaded session's snapshot, when its messages grew by
+        SNAPSHOT_BYTES since the last one and all of it is on the stream."""
+        es, objects = self.es, self.checkpoints.objects
+        if objects is None or sid not in es or sid not in self.store._states or \
+                es.durable_end(sid) - self._snapshot_end.get(sid, 0) < SNAPSHOT_BYTES:
+            return False
+        first = await first_stream_seq(es, sid)
+        for _ in range(3):
+            # From the check to the encoding nothing awaits: state, seqs and fence agree.
+            state = self.store._states.get(sid)
+            if not first or state is None or sid not in es:
+                return False
+            if state.seq == es.durable_seq(sid) == es.last_seq(sid):
+                break
+            await es.wait_durable(sid, es.last_seq(sid))  # (its title, a flag: written after the reply)
+        else:
+            return False  # written to without pause: the next reply's end
+        stream_seq, end = es.stream_seq(sid), state.end
+        data = encode_snapshot(state, stream_seq, first)
+        stored = await objects.put(snapshot_name(sid), data, stream_seq)
+        self._snapshot_end[sid] = end
+        return stored
+
+    async def _snapshot_soon(self, sid: str) -> None:
+        try:
+            await self.write_snapshot(sid)
+        except Exception as e:  # noqa: BLE001 - a cache: a load reads the whole session
+            log.warning("session %s: could not write its snapshot: %s", sid, e)
+
+    async def forget_snapshot(self, sid: str) -> None:
+        """A deleted session's snapshot goes (a later one of the id would not
+        take it: another first message)."""
+        self._snapshot_end.pop(sid, None)
+        if self.checkpoints.objects is not None:
+            try:
+                await self.checkpoints.objects.delete(snapshot_name(sid))
+            except Exception as e:  # noqa: BLE001 - a cache: left behind, never taken
+                log.warning("session %s: could not delete its snapshot: %s", sid, e)
 
     def stream_end(self, sid: str, update: MsgUpdate) -> MsgUpdate:
         """The terminal update to tell, now that its finalize is durable: the
@@ -271,6 +351,8 @@ class Worker:
             await self.leases.release(sid, msg_id)
         except Exception as e:  # noqa: BLE001 - it expires; a sweeper finds the finalize and drops it
             log.warning("could not release the lease of reply %s: %s", lease_key(sid, msg_id), e)
+        if self.checkpoints.objects is not None and self.store._nursery is not None:
+            self.store._nursery.start_soon(self._snapshot_soon, sid)
 
     async def renew_loop(self) -> None:
         """Every third of the leases' time to live, renew all of this worker's

@@ -508,6 +508,8 @@ class SessionStore(Replies):
             if damaged:
                 self.registry.put(None, session_id)
             self._notify("session_deleted", {"session_id": session_id}, owner)
+            if self.worker is not None and self._nursery is not None:
+                self._nursery.start_soon(self.worker.forget_snapshot, session_id)
         return True
 
     # -- listing ------------------------------------------------------------
