@@ -85,6 +85,15 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
     assert m["sessionlog_stream_position"] > 0 and m["sessionlog_store_ok"] == 1
     assert {"sessionlog_stream_conflicts_total", "sessionlog_stream_retries_total",
             "sessionlog_replies_swept_total", "sessionlog_leases_lost_total"} <= set(m)
+    # a stop writes the registry checkpoint; the next start takes it and replays only what followed
+    two.stop()
+    two.start()
+    m = metrics(await raw_http(two.port, get("/metrics", host=f"127.0.0.1:{two.port}")))
+    assert m["sessionlog_checkpoint_position"] >= m["sessionlog_stream_position"] > 0
+    assert m["sessionlog_start_replayed"] == 0
+    async with open_client("127.0.0.1", two.port, TOKEN) as b:
+        rows = (await b.request("list_sessions"))["rows"]
+        assert [r["id"] for r in rows] == [sid] and rows[0]["status"] == "idle"
 
 
 async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(workers, nats_cluster):

@@ -48,8 +48,8 @@ another one wrote.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -78,9 +78,6 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 # an ordered consumer (thousands of gets took seconds; a consumer costs a
 # few round trips to make and delivers ~100k messages/s).
 DIRECT_GETS: Final = 16
-# `import_log` puts a log on the stream in messages of at most this many
-# bytes (the servers' max_payload is 1 MiB by default; a longer line goes alone).
-IMPORT_CHUNK: Final = 512 * 1024
 class _Session:
     __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
                  "renumber", "refused")
@@ -487,6 +484,16 @@ class JetStreamLog:
         token = trio.lowlevel.current_trio_token()
         js, worker, stream = self._js, self.worker, self.stream
         delivered = [0]  # messages the tail got (on the asyncio thread)
+        # Delivered messages cross into trio in runs: one crossing for all that
+        # came while the last one waited (queued under `lock`, in order).
+        queue: list[tuple[str, bytes, int, bool]] = []
+        lock, scheduled = threading.Lock(), [False]
+
+        def drain() -> None:
+            with lock:
+                items, queue[:], scheduled[0] = list(queue), [], False
+            for item in items:
+                self._tailed(*item)
 
         async def subscribe() -> Any:
             from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -496,7 +503,11 @@ class JetStreamLog:
                 own = (msg.headers or {}).get(WRITER_HEADER) == worker
                 if own and not self.stream_listeners:
                     return
-                token.run_sync_soon(self._tailed, msg.subject, msg.data or b"", msg.metadata.sequence.stream, own)
+                with lock:
+                    queue.append((msg.subject, msg.data or b"", msg.metadata.sequence.stream, own))
+                    wake, scheduled[0] = not scheduled[0], True
+                if wake:
+                    token.run_sync_soon(drain)
             policy = DeliverPolicy.ALL if replay else DeliverPolicy.NEW
             config = None
             if replay and start > 1:
@@ -508,8 +519,8 @@ class JetStreamLog:
             # Caught up: nothing left on the server for the consumer, and every
             # message it sent taken by on_message (the server's count of what
             # it delivered: a message purged meanwhile is in neither). Their
-            # _take_foreign calls were queued before this crossing's own
-            # wake-up: all have run when it returns.
+            # drain was queued before this crossing's own wake-up: all have
+            # run when it returns.
             async def progress() -> tuple[int, int, int]:
                 info = await sub.consumer_info()
                 return int(info.num_pending or 0), int(info.delivered.consumer_seq or 0), delivered[0]
@@ -571,51 +582,9 @@ class JetStreamLog:
         return [r for r in scan(session_id, await self.log_bytes(session_id)).records if r.seq > after_seq]
 
     async def import_log(self, session_id: str, data: bytes, *, after: int = 0) -> None:
-        """Put a session's log on the stream byte for byte (its records keep
-        their seqs and times), as a new session: what `sessionlog migrate`
-        does. In messages of whole lines up to IMPORT_CHUNK bytes, each fenced
-        on the one before, each sent again while unanswered (its id makes a
-        retry stored once); SessionExists if the stream has the session.
-        `after`: the stream holds the first `after` bytes already (an
-        interrupted import): the rest follows them."""
-        self._check_open()
-        subject, js, worker, retry_for = self.subject(session_id), self._js, self.worker, self.retry_for
-        records = scan(session_id, data).records
-        if not records:
-            raise ValueError(f"session {session_id}: no record to import")
-        fence = 0
-        if after:
-            fence = self._session(session_id).stream_seq
-        elif session_id in self:
-            raise SessionExists(f"session {session_id!r} is on {subject} already")
-        chunks, start = [], after
-        while start < len(data):
-            cut = data.rfind(b"\n", start, start + IMPORT_CHUNK) + 1 or data.index(b"\n", start) + 1
-            chunks.append((start, data[start:cut]))
-            start = cut
-        tag = f"{zlib.crc32(data):08x}"
-
-        async def put(fence: int) -> int:
-            for offset, chunk in chunks:
-                [ack] = await publish_answered(js, [(subject, chunk, {
-                    "Nats-Msg-Id": f"{session_id}:import:{tag}:{offset}",
-                    "Nats-Expected-Last-Subject-Sequence": str(fence), WRITER_HEADER: worker})],
-                    retry_for, self._retried)
-                if isinstance(ack, BaseException):
-                    raise ack
-                fence = ack.seq
-            return fence
-        try:
-            last = await self._bridge.run(lambda: put(fence))
-        except Exception as e:
-            if getattr(e, "err_code", None) in WRONG_LAST_SEQUENCE:
-                raise SessionExists(f"session {session_id!r} is on {subject} already") from None
-            raise
-        sess = self._sessions.get(session_id)
-        if sess is None or sess.deleted:
-            sess = self._sessions[session_id] = _Session()
-        sess.last_seq = sess.durable_seq = records[-1].seq
-        sess.stream_seq, sess.end = last, len(data)
+        """Put a session's log on the stream byte for byte (imports.py)."""
+        from .imports import import_log
+        await import_log(self, session_id, data, after=after)
 
     async def adopt(self, session_id: str) -> list[Record]:
         """The session's records as the stream holds them now (UnknownSession

@@ -191,6 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_nats_servers(args)
     return run_server(args, store_config=StoreConfig(
         backend=args.backend, stream=args.nats_stream, replicas=args.nats_replicas, lease_ttl=args.lease_ttl,
+        stream_checkpoint_interval=args.nats_checkpoint_interval,
         project_roots=tuple(os.path.abspath(r) for r in args.project_root), many_users=args.auth != "token",
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
         journal_sync_interval=args.journal_sync_interval, progress_interval=args.progress_interval,
@@ -330,6 +331,10 @@ def _seconds(text: str) -> float:
     return _number(text, low=0, high=86400, open_low=True, what="a duration in seconds (0 < s < 86400)")
 
 
+def _seconds_or_off(text: str) -> float:
+    return _number(text, low=0, high=86400, what="a duration in seconds (0: off; at most 86400)")
+
+
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -388,6 +393,9 @@ def _backend(s: argparse.ArgumentParser) -> None:
     s.add_argument("--lease-ttl", type=_seconds, default=15.0, metavar="SECONDS",
                    help="a reply's lease lives this long unrenewed; a dead worker's replies are "
                         "aborted after it (JetStream backend)")
+    s.add_argument("--nats-checkpoint-interval", type=_seconds_or_off, default=30.0, metavar="SECONDS",
+                   help="write the registry checkpoint to the stream's cache bucket this often when the stream "
+                        "moved; a start replays only what follows it (0: none, a start replays the whole stream)")
 
 
 def _stream_flags(s: argparse.ArgumentParser) -> None:

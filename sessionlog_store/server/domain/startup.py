@@ -95,10 +95,12 @@ async def start_worker(store: SessionStore, worker: Worker) -> None:
     not the start, aborts the replies of dead workers (scaleout.py)."""
     t0 = time.monotonic()
     await trio.to_thread.run_sync(store.projects.load_sync)
-    es = worker.es
-    log.info("started worker %s on stream %s (%s): %d sessions from the stream, %d projects here, in %.2f s",
-             es.worker, es.stream, ", ".join(store.config.backend), len(store.registry),
-             len(store.projects.list()) - 1, time.monotonic() - t0)
+    es, ckpt = worker.es, worker.checkpoints.start
+    frm = (f"the checkpoint as of stream sequence {ckpt.position} ({ckpt.sessions} sessions, {ckpt.pruned} deleted "
+           f"since) and {es.replayed} messages after it" if ckpt is not None else f"{es.replayed} messages")
+    log.info("started worker %s on stream %s (%s): %d sessions from %s, in %.2f s; %d projects here",
+             es.worker, es.stream, ", ".join(store.config.backend), len(store.registry), frm,
+             es.replay_seconds + time.monotonic() - t0, len(store.projects.list()) - 1)
 
 
 class PrefixCheck:

@@ -83,9 +83,7 @@ class StoreConfig:
     subject_prefix: str = ""              # "": sl.<stream> (a session's subject: <prefix>.<id>)
     replicas: int = 3
     lease_ttl: float = 15.0
-    # The registry checkpoint on the stream's object bucket, written this
-    # often when the stream moved (0: none kept, a start replays it all).
-    stream_checkpoint_interval: float = 30.0
+    stream_checkpoint_interval: float = 30.0  # the stream's registry checkpoint (scaleout.py; 0: none)
 
 
 Watcher = Callable[[str, dict[str, Any]], None]  # (kind, data)

@@ -104,6 +104,12 @@ class ServerMetrics(Collector):
                            len(worker.swept))
             yield _counter("sessionlog_leases_lost", "Replies ended here because another worker took their lease",
                            len(worker.lost))
+            yield _gauge("sessionlog_checkpoint_position", "Stream sequence of the registry checkpoint this "
+                         "worker last wrote or started from (0: none)", worker.checkpointed)
+            yield _gauge("sessionlog_start_replayed", "Messages the start replayed (after its checkpoint, if one)",
+                         worker.es.replayed)
+            yield _counter("sessionlog_snapshot_loads", "Loads that read a session's snapshot and what followed it",
+                           worker.snapshot_loads)
         yield _gauge("sessionlog_store_ok", "1 while the store accepts writes, 0 once it failed",
                      0 if store.failure() is not None else 1)
 
