@@ -129,8 +129,13 @@ class JetStreamLog:
         # only the reset listeners did (the fold is theirs; the rest is not).
         self.remote_listeners: list[Callable[[str, list[Record], bool], None]] = []
         # Every message the tail delivers, this log's own included, in stream
-        # order (session id, data, stream sequence): the checkpoint's fold.
-        self.stream_listeners: list[Callable[[str, bytes, int], None]] = []
+        # order (session id, data, its records, stream sequence): the checkpoint's fold.
+        self.stream_listeners: list[Callable[[str, bytes, list[Record], int], None]] = []
+        self._unacked: dict[str, dict[int, Record]] = {}  # this log's records in flight, for them
+        self._own_records: dict[int, list[Record]] = {}   # acked: by stream sequence, till the tail brings it
+        # Another writer's messages of a subject that is not a session's
+        # (`<prefix>._<name>`: no session id starts with "_"), by name.
+        self.subject_listeners: dict[str, Callable[[bytes, int], None]] = {}
         self._purged: dict[str, int] = {}  # a session removed here: the stream sequence its purge covered
         self.journal = None  # (no write-ahead journal: the stream is the log)
         self._stats = [0, 0, 0, 0]  # batches, records, largest batch, messages published
@@ -221,6 +226,8 @@ class JetStreamLog:
             sess.end += len(line)
             pending.append((sess.last_seq, line))
             rec = Record(sess.last_seq, ts, ev)
+            if self.stream_listeners:  # (handed to them when the tail brings the message)
+                self._unacked.setdefault(session_id, {})[sess.last_seq] = rec
             for listener in self.listeners:
                 listener(session_id, rec, sess.end)
             out.append(Appended(rec, sess.end))
@@ -312,11 +319,17 @@ class JetStreamLog:
                     sess = self._sessions[sid]
                     if not isinstance(ack, BaseException):
                         fence[sid] = ack.seq
+                        unacked = self._unacked.get(sid)
+                        if unacked:
+                            recs = [unacked.pop(seq) for seq, _ in chunks[sid][rnd] if seq in unacked]
+                            if len(recs) == len(chunks[sid][rnd]):
+                                self._own_records[ack.seq] = recs
                         sess.stream_seq = max(sess.stream_seq, ack.seq)
                         self.written_position = max(self.written_position, ack.seq)
                         sess.durable_seq = max(sess.durable_seq, chunks[sid][rnd][-1][0])
                     elif getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
                         conflicted.append((sid, [item for chunk in chunks[sid][rnd:] for item in chunk]))
+                        self._unacked.pop(sid, None)  # (renumbered by the rebase: decoded from the tail's)
                     else:
                         failed = ack
                 rnd += 1
@@ -421,10 +434,23 @@ class JetStreamLog:
     def _tailed(self, subject: str, data: bytes, stream_seq: int, own: bool) -> None:
         """A message the tail delivered (on the trio thread, in stream order)."""
         sid = subject[len(self.prefix) + 1:]
-        for sl in self.stream_listeners:
-            sl(sid, data, stream_seq)
-        if not own:
-            self._take_foreign(subject, data, stream_seq)
+        records = None
+        if self.stream_listeners:  # decoded once for them and the tail (this log's own: at their append)
+            own_records = self._own_records
+            while own_records and (first := next(iter(own_records))) < stream_seq:
+                del own_records[first]  # (purged before the tail brought it)
+            records = own_records.pop(stream_seq, None) if own else None
+            if records is None:
+                records = scan(sid, data).records
+            for sl in self.stream_listeners:
+                sl(sid, data, records, stream_seq)
+        if own:
+            return
+        if sid.startswith("_"):  # not a session's (streamprojects.py)
+            if sid in self.subject_listeners:
+                self.subject_listeners[sid](data, stream_seq)
+            return
+        self._take_foreign(subject, data, stream_seq, records)
 
     def seed(self, session_id: str, seq: int, end: int, stream_seq: int) -> None:
         """Know a session as a checkpoint has it (before the tail starts
@@ -433,7 +459,7 @@ class JetStreamLog:
         sess.last_seq = sess.durable_seq = seq
         sess.end, sess.stream_seq = end, stream_seq
 
-    def _take_foreign(self, subject: str, data: bytes, stream_seq: int) -> None:
+    def _take_foreign(self, subject: str, data: bytes, stream_seq: int, records: list[Record] | None = None) -> None:
         """Another writer's message (on the trio thread, in stream order)."""
         self.tail_position = max(self.tail_position, stream_seq)
         sid = subject[len(self.prefix) + 1:]
@@ -447,7 +473,7 @@ class JetStreamLog:
             # ack (stored after ours), or read again by the rebase (before)
             sess.deferred.append((data, stream_seq))
             return
-        records = scan(sid, data).records
+        records = scan(sid, data).records if records is None else records
         if sess is not None and not sess.deleted and records and isinstance(records[0].event, SessionCreated) \
                 and records[0].seq <= sess.last_seq:
             # The id made again by another writer after a deletion whose
@@ -614,6 +640,7 @@ class JetStreamLog:
             raise StoreBroken(f"purging {subject} failed: {e}") from e
         self._purged[session_id] = sess.stream_seq
         del self._sessions[session_id]
+        self._unacked.pop(session_id, None)
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ import msgspec
 
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
                                                 SessionDeleted)
-from sessionlog_store.eventstore.log import scan, with_ends
+from sessionlog_store.eventstore.log import with_ends
 from sessionlog_store.eventstore.record import Record
 
 from .checkpoint import SNAPSHOT_VERSION, SessionSnapshot
@@ -143,8 +143,8 @@ def decode_snapshot(data: bytes) -> StreamSnapshot:
 
 
 class StreamFold:
-    """Fed (subject's session id, message data, stream sequence) for every
-    message of the stream, in stream order."""
+    """Fed (subject's session id, message data, its records, stream
+    sequence) for every message of the stream, in stream order."""
 
     def __init__(self, stream: str) -> None:
         self.stream = stream
@@ -154,11 +154,11 @@ class StreamFold:
         self.positions: dict[str, SessionPosition] = {}
         self.position = 0  # the stream sequence of the last message taken
 
-    def take(self, sid: str, data: bytes, stream_seq: int) -> None:
+    def take(self, sid: str, data: bytes, records: list[Record], stream_seq: int) -> None:
+        """`records`: the scan of `data`."""
         if stream_seq <= self.position:
             return  # (delivered again: an ordered consumer's reset)
         self.position = stream_seq
-        records = scan(sid, data).records
         if not records:
             return
         pos = self.positions.get(sid)

@@ -1,4 +1,5 @@
-"""The project registry: its own log (`<root>/projects/log.jsonl`), folded
+"""The project registry: its own log (`<root>/projects/log.jsonl`; a worker
+on a shared stream: the stream's, eventstore/streamprojects.py), folded
 into id -> Project. The default project is the home directory; it is never
 stored, refuses to relocate, and its path is restored on every read.
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import msgspec
@@ -22,13 +23,17 @@ from sessionlog_store.eventstore.errors import CorruptRecord, SessionReadOnly, S
 from sessionlog_store.eventstore.events import ProjectCreated, ProjectMoved
 from sessionlog_store.eventstore.fsio import FileOps
 from sessionlog_store.eventstore.log import append_durable, project_log_path, repair_torn_tail, scan
-from sessionlog_store.eventstore.record import encode_record
+from sessionlog_store.eventstore.record import Record, encode_record
 
-from sessionlog_store.server.domain.errors import BadRequest, Conflict, unknown_project
+from sessionlog_store.eventstore.streamprojects import ProjectsMoved, StreamProjectLog
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, ServiceError, unknown_project
 
 DEFAULT_PROJECT_ID: Final = "default"
 # The one answer for a project path that is not absolute, does not exist, is
 # not a directory, or lies (after symlinks) outside every project root.
+# A worker's append to the shared project log, refused this many times for
+# other workers' (each time caught up and checked again), gives up.
+SHARED_TRIES: Final = 20
 PATH_REFUSED: Final = "project folder refused: it must be an existing folder under a project root"
 
 
@@ -66,6 +71,7 @@ class ProjectRegistry:
         self._projects: dict[str, Project] = {}
         self._seq = 0
         self._lock = trio.Lock()
+        self.shared: StreamProjectLog | None = None  # a worker's: the stream's project log
         self._broken: OSError | None = None
         self.torn: TornTail | None = None
         # Damage before the log's end: the projects up to it are served, the
@@ -133,11 +139,26 @@ class ProjectRegistry:
         p = self.get(project_id or DEFAULT_PROJECT_ID)
         return p.path if os.path.isdir(p.path) else None
 
+    async def load_shared(self, shared: StreamProjectLog) -> None:
+        """A worker on a shared stream: the projects are the stream's
+        (streamprojects.py), every worker's, kept up to date by its tail."""
+        self.shared = shared
+        for rec in await shared.catch_up():
+            self._apply(rec.event)
+        shared.listeners.append(self._take_shared)
+
+    def _take_shared(self, records: Sequence[Record]) -> None:
+        for rec in records:
+            self._apply(rec.event)
+
     async def _append(self, ev: ProjectCreated | ProjectMoved,
                       check: Callable[[], None] | None = None) -> None:
         """Append one record durably. `check` runs under the log's lock just
-        before the write (a check that must not race another writer)."""
+        before the write (a check that must not race another writer; on a
+        shared stream, again after another worker's append came first)."""
         async with self._lock:
+            if self.shared is not None:
+                return await self._append_shared(self.shared, ev, check)
             if check is not None:
                 check()
             if self.damage is not None:
@@ -155,6 +176,21 @@ class ProjectRegistry:
                 raise StoreBroken(f"writing the project log failed: {e}") from e
             self._seq += 1
             self._apply(ev)
+
+    async def _append_shared(self, shared: StreamProjectLog, ev: ProjectCreated | ProjectMoved,
+                             check: Callable[[], None] | None) -> None:
+        for _ in range(SHARED_TRIES):
+            if check is not None:
+                check()
+            try:
+                await shared.append(ev)
+            except ProjectsMoved:  # another worker's first: what it wrote, then the checks again
+                for rec in await shared.catch_up():
+                    self._apply(rec.event)
+                continue
+            self._apply(ev)
+            return
+        raise ServiceError("unavailable", "other workers kept writing the project log; try again")
 
     async def create(self, name: str, path: str, owner: str = "", check: Callable[[], None] | None = None) -> Project:
         path = self._checked_dir(path)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from sessionlog_store.eventstore.events import Event, MessageFinalized, SessionFlags
+from sessionlog_store.eventstore.streamprojects import StreamProjectLog
 from sessionlog_store.projections.maintenance import MaintenancePlan, plan_maintenance
 from sessionlog_store.projections.recovery import check_prefix, recover_registry
 
@@ -91,14 +92,14 @@ async def start(store: SessionStore) -> None:
 
 async def start_worker(store: SessionStore, worker: Worker) -> None:
     """A worker on a shared stream: the registry came from the stream's
-    replay; the projects are this worker's (its data root); the sweeper,
+    replay; the projects are the stream's (every worker's); the sweeper,
     not the start, aborts the replies of dead workers (scaleout.py)."""
     t0 = time.monotonic()
-    await trio.to_thread.run_sync(store.projects.load_sync)
+    await store.projects.load_shared(StreamProjectLog(worker.es))
     es, ckpt = worker.es, worker.checkpoints.start
     frm = (f"the checkpoint as of stream sequence {ckpt.position} ({ckpt.sessions} sessions, {ckpt.pruned} deleted "
            f"since) and {es.replayed} messages after it" if ckpt is not None else f"{es.replayed} messages")
-    log.info("started worker %s on stream %s (%s): %d sessions from %s, in %.2f s; %d projects here",
+    log.info("started worker %s on stream %s (%s): %d sessions from %s, in %.2f s; %d projects",
              es.worker, es.stream, ", ".join(store.config.backend), len(store.registry), frm,
              es.replay_seconds + time.monotonic() - t0, len(store.projects.list()) - 1)
 

@@ -1,0 +1,80 @@
+"""The project log on a shared stream (issue 17): the records the local
+`<root>/projects/log.jsonl` holds, as messages of the subject
+`<prefix>._projects` (no session id starts with "_"), so that every worker
+knows every project. Each append is fenced on the subject's last stream
+sequence, as a session's are: of two workers appending at once one is
+refused (`ProjectsMoved`), catches up with the subject and checks again
+before it tries again (server/domain/projects.py). Other workers' appends
+reach `listeners` through the log's tail; a record is taken once, whether
+the tail or a catch-up brings it first.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from .events import Event
+from .jetstream import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE
+from .log import scan
+from .natsio import publish_answered, read_subject
+from .record import Record, encode_record
+
+if TYPE_CHECKING:
+    from .jetstream import JetStreamLog
+
+PROJECTS: Final = "_projects"  # the subject's last token
+
+
+class ProjectsMoved(Exception):
+    """Another worker appended to the project log since this one read it."""
+
+
+class StreamProjectLog:
+    def __init__(self, log: JetStreamLog) -> None:
+        self.log = log
+        self.subject = f"{log.prefix}.{PROJECTS}"
+        self.seq = 0          # the last record's seq
+        self.stream_seq = 0   # the stream sequence of the subject's last message (the fence)
+        # Another worker's records (from the tail, in order).
+        self.listeners: list[Callable[[list[Record]], None]] = []
+        log.subject_listeners[PROJECTS] = self._take
+
+    async def catch_up(self) -> list[Record]:
+        """The records of the project log this log has not seen yet (its
+        first call: all of them), as the stream holds them now."""
+        js, stream, subject, start = self.log._js, self.log.stream, self.subject, self.stream_seq + 1
+        data, last, _ = await self.log._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
+        records = [r for r in scan("projects", data).records if r.seq > self.seq]
+        self.stream_seq = max(self.stream_seq, last)
+        if records:
+            self.seq = records[-1].seq
+        return records
+
+    async def append(self, event: Event) -> Record:
+        """Durable on return; ProjectsMoved if another worker appended first."""
+        self.log._check_open()
+        rec = Record(self.seq + 1, time.time(), event)
+        line = encode_record(rec.seq, rec.ts, event)
+        js, log = self.log._js, self.log
+        headers = {"Nats-Msg-Id": f"{PROJECTS}:{log.worker}:{rec.seq}:{self.stream_seq}",  # (a retry: stored once)
+                   "Nats-Expected-Last-Subject-Sequence": str(self.stream_seq), WRITER_HEADER: log.worker}
+        [ack] = await log._bridge.run(lambda: publish_answered(js, [(self.subject, line, headers)], log.retry_for,
+                                                               log._retried))
+        if isinstance(ack, BaseException):
+            if getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
+                raise ProjectsMoved()
+            raise ack
+        self.seq, self.stream_seq = rec.seq, max(self.stream_seq, ack.seq)
+        return rec
+
+    def _take(self, data: bytes, stream_seq: int) -> None:
+        """Another worker's message (the tail, on the trio thread)."""
+        if stream_seq <= self.stream_seq:
+            return  # read already
+        self.stream_seq = stream_seq
+        records = [r for r in scan("projects", data).records if r.seq > self.seq]
+        if records:
+            self.seq = records[-1].seq
+            for listener in self.listeners:
+                listener(records)
