@@ -35,10 +35,15 @@ async def make_store(root: str) -> dict[str, str]:
             msg.write("a reply " * 2000)
         b, _ = await store.create_session(first_message="second")
         await store.rename_session(b.id, "renamed b")
-        c, _ = await store.create_session(first_message="third")
+        c, _ = await store.create_session()
+        folder = os.path.join(os.path.dirname(root), "project-folder")
+        os.makedirs(folder)
+        project = await store.create_project("proj", folder)
+        await store.set_session_project(c.id, project.id)
+        await store.append_message(c.id, "third")
         gone, _ = await store.create_session(first_message="deleted")
         await store.delete_session(gone.id)
-        made.update(a=a.id, b=b.id, c=c.id, gone=gone.id)
+        made.update(a=a.id, b=b.id, c=c.id, gone=gone.id, project=project.id)
     return made
 
 
@@ -48,7 +53,7 @@ def test_migrate_to_a_stream_and_back_keeps_every_byte(nats_cluster, tmp_path):
     urls = ",".join(nats_cluster.urls)
     r = run_cli("migrate", "--from", root, "--to", urls, *nats_args(nats_cluster, "MIG"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "3 sessions copied" in r.stdout and "0 problem(s)" in r.stdout, r.stdout
+    assert "3 sessions copied" in r.stdout and "1 project record(s)" in r.stdout and "0 problem(s)" in r.stdout, r.stdout
     again = run_cli("migrate", "--from", root, "--to", urls, *nats_args(nats_cluster, "MIG"))
     assert again.returncode == 0 and "0 sessions copied" in again.stdout and "3 already there" in again.stdout
     v = run_cli("verify", "--backend", urls, "--nats-stream", "MIG")
@@ -68,6 +73,7 @@ def test_migrate_to_a_stream_and_back_keeps_every_byte(nats_cluster, tmp_path):
                 [(r["id"], r["title"], r["preview"]) for r in want]
             for sid, text in texts.items():
                 assert [m.content for m in await worker.get_messages(sid)] == text
+            assert worker.get_row(made["c"])["project"]["name"] == "proj", "the project came with its session"
     trio.run(compare)
     out = run_cli("migrate", "--from", urls, "--to", back, "--nats-stream", "MIG")
     assert out.returncode == 0 and "3 sessions copied" in out.stdout, out.stdout + out.stderr
@@ -75,6 +81,8 @@ def test_migrate_to_a_stream_and_back_keeps_every_byte(nats_cluster, tmp_path):
     for sid in (made["a"], made["b"], made["c"]):
         with open(log_path(root, sid), "rb") as f, open(log_path(back, sid), "rb") as g:
             assert f.read() == g.read(), "the way back gives the same log, byte for byte"
+    with open(f"{root}/projects/log.jsonl", "rb") as f, open(f"{back}/projects/log.jsonl", "rb") as g:
+        assert f.read() == g.read(), "and the same project log"
     check = run_cli("verify", "--root", back)
     assert check.returncode == 0, check.stdout + check.stderr
 

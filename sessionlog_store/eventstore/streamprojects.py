@@ -68,6 +68,25 @@ class StreamProjectLog:
         self.seq, self.stream_seq = rec.seq, max(self.stream_seq, ack.seq)
         return rec
 
+    async def raw(self) -> bytes:
+        """The project log's lines as the stream holds them (as its file would)."""
+        js, stream, subject = self.log._js, self.log.stream, self.subject
+        data, _, _ = await self.log._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS))
+        return data
+
+    async def import_raw(self, data: bytes) -> None:
+        """Put a local project log on the stream as it is (`sessionlog
+        migrate`), in one message; ProjectsMoved if the stream has one."""
+        js, log = self.log._js, self.log
+        headers = {"Nats-Msg-Id": f"{PROJECTS}:import:{len(data)}", "Nats-Expected-Last-Subject-Sequence": "0",
+                   WRITER_HEADER: log.worker}
+        [ack] = await log._bridge.run(lambda: publish_answered(js, [(self.subject, data, headers)], log.retry_for,
+                                                               log._retried))
+        if isinstance(ack, BaseException):
+            if getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
+                raise ProjectsMoved()
+            raise ack
+
     def _take(self, data: bytes, stream_seq: int) -> None:
         """Another worker's message (the tail, on the trio thread)."""
         if stream_seq <= self.stream_seq:

@@ -6,6 +6,7 @@ A migration copies each session's log byte for byte (every record keeps its
 seq and time) and reads it back to compare: a session is counted copied only
 when the copy is identical. It is safe to run again: a session the target
 holds already, identical, is skipped; one that differs is reported and left.
+The project log is copied too, byte for byte, to a target that has none.
 Deleted sessions (a tombstone last) are not copied; a damaged or torn log is
 reported and not copied (repair it first). Running replies are copied as
 they are: on a stream, a worker's sweeper aborts a running reply that no
@@ -29,7 +30,9 @@ from sessionlog_store.eventstore.natsio import default_prefix
 from sessionlog_store.eventstore.journal import apply_journal
 from sessionlog_store.eventstore.leases import Leases, lease_key
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.eventstore.log import SESSIONS_DIR, list_session_ids, log_path, read_log, scan, session_dir
+from sessionlog_store.eventstore.log import (SESSIONS_DIR, list_session_ids, log_path, project_log_path, read_log,
+                                             scan, session_dir)
+from sessionlog_store.eventstore.streamprojects import ProjectsMoved, StreamProjectLog
 
 Progress = Callable[[int, int], None]
 
@@ -57,12 +60,14 @@ class MigrateReport:
     records: int = 0
     already: int = 0              # identical in the target: skipped
     deleted: int = 0              # tombstoned in the source: not copied
+    projects: int = 0             # the project log's records (copied, or there already)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def summary(self, source: str, target: str) -> str:
         return (f"migrated {source} -> {target}: {self.copied} sessions copied ({self.records} records, each "
                 f"read back identical), {self.already} already there, {self.deleted} with a tombstone left out, "
+                f"{self.projects} project record(s), "
                 f"{len(self.problems)} problem(s), in {self.seconds:.2f} s")
 
 
@@ -101,8 +106,30 @@ async def local_to_stream(fs: FileOps, root: str, target: StreamTarget,
                 await _put(log, sid, copy, report)
             if progress is not None:
                 progress(i, len(ids))
+        path = project_log_path(root)
+        if await trio.to_thread.run_sync(fs.exists, path):
+            await _put_projects(log, await trio.to_thread.run_sync(fs.read_bytes, path), report)
     report.seconds = time.monotonic() - t0
     return report
+
+
+async def _put_projects(log: JetStreamLog, data: bytes, report: MigrateReport) -> None:
+    """The project log, byte for byte, onto a stream that has none."""
+    s = scan("projects", data, expect_seq=1)
+    if s.corrupt is not None or s.torn_bytes:
+        report.problems.append("projects: not copied: the project log is damaged or torn (repair it first)")
+        return
+    projects = StreamProjectLog(log)
+    have = await projects.raw()
+    if not have and data:
+        try:
+            await projects.import_raw(data)
+        except ProjectsMoved:
+            pass  # (made meanwhile: compared below)
+        have = await projects.raw()
+    if have != data:
+        report.problems.append("projects: not copied: the stream holds another project log")
+    report.projects = len(s.records)
 
 
 async def _put(log: JetStreamLog, sid: str, data: bytes, report: MigrateReport) -> None:
@@ -148,6 +175,9 @@ async def stream_to_local(fs: FileOps, root: str, source: StreamTarget,
                 await trio.to_thread.run_sync(_write_log, fs, root, sid, copy, report)
             if progress is not None:
                 progress(i, len(ids))
+        projects = await StreamProjectLog(log).raw()
+        if projects:
+            await trio.to_thread.run_sync(_write_projects, fs, root, projects, report)
     report.seconds = time.monotonic() - t0
     return report
 
@@ -170,6 +200,19 @@ def _write_log(fs: FileOps, root: str, sid: str, data: bytes, report: MigrateRep
         return
     report.copied += 1
     report.records += data.count(b"\n")
+
+
+def _write_projects(fs: FileOps, root: str, data: bytes, report: MigrateReport) -> None:
+    path = project_log_path(root)
+    if fs.exists(path):
+        if fs.read_bytes(path) != data:
+            report.problems.append(f"projects: not copied: {root} holds another project log")
+    else:
+        fs.makedirs(os.path.dirname(path))
+        fs.write_file(path, data)
+        fs.fsync_dir(os.path.dirname(path))
+        fs.fsync_dir(root)
+    report.projects = data.count(b"\n")
 
 
 async def verify_stream(target: StreamTarget, progress: Progress | None = None) -> tuple[int, list[str], list[str]]:
