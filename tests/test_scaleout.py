@@ -81,10 +81,20 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
     from .test_ws import raw_http
     m = metrics(await raw_http(two.port, get("/metrics", host=f"127.0.0.1:{two.port}")))
     assert m[f"sessionlog_backend{{backend=jetstream,stream={two.stream},sync_mode=jetstream}}"] == 1
-    assert m["sessionlog_records_appended_total"] >= 2, "the stop's finalize was written here"
+    assert m["sessionlog_records_appended_total"] == 0, "the stop was sent to the streaming worker, which wrote it"
     assert m["sessionlog_stream_position"] > 0 and m["sessionlog_store_ok"] == 1
     assert {"sessionlog_stream_conflicts_total", "sessionlog_stream_retries_total",
             "sessionlog_replies_swept_total", "sessionlog_leases_lost_total"} <= set(m)
+    # nothing of the reply follows its finalize on the stream (the streaming
+    # worker's progress refused by the fence was dropped by its rebase, not renumbered after it)
+    from sessionlog_store.eventstore.events import MessageFinalized, MessageProgress
+    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    async with open_jetstream_log(list(two.extra[1].split(",")), stream=two.stream, prefix=f"sl.{two.stream}",
+                                  replay=True) as log:
+        records = await log.read(sid)
+    ends = [i for i, r in enumerate(records) if isinstance(r.event, MessageFinalized)]
+    assert len(ends) == 1
+    assert not [r for r in records[ends[0]:] if isinstance(r.event, MessageProgress)], records[ends[0]:]
     # a stop writes the registry checkpoint; the next start takes it and replays only what followed
     two.stop()
     two.start()
@@ -134,6 +144,37 @@ async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(worker
     async with open_client("127.0.0.1", one.port, TOKEN) as a2:
         msgs = (await a2.request("load_session", session_id=sid))["messages"]
         assert [x["status"] for x in msgs if x["msg_id"] == reply] == ["aborted"]
+
+
+async def test_a_chat_whose_reply_cannot_start_writes_nothing(workers, nats_cluster):
+    """The reply's lease is taken before the user's message is written: with
+    the lease bucket refusing writes (sealed: a real refusal by the servers,
+    as a lost quorum would be after its retries), a chat is `unavailable`
+    and leaves no message to be sent twice."""
+    import dataclasses
+
+    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.server.edge.client import ServerError
+    one, _ = workers
+    async with open_client("127.0.0.1", one.port, TOKEN) as a:
+        ack = await a.request("chat", content="first")
+        sid = ack["session_id"]
+        await a.follow(sid)
+        await a.request("stop", session_id=sid, msg_id=ack["reply_id"])
+        with trio.fail_after(20):
+            await a.wait_done(sid, ack["reply_id"])
+        before = (await a.request("load_session", session_id=sid))["messages"]
+        async with open_jetstream_log(nats_cluster.urls, stream=one.stream, prefix=f"sl.{one.stream}") as log:
+            async def seal() -> None:
+                info = await log._js.stream_info(f"KV_{one.stream}-leases")
+                await log._js.update_stream(dataclasses.replace(info.config, sealed=True))
+            await log._bridge.run(seal)
+        for fields in ({"session_id": sid}, {}):
+            with pytest.raises(ServerError) as e:
+                await a.request("chat", content="lost?", **fields)
+            assert e.value.data["code"] == "unavailable", e.value.data
+        assert (await a.request("load_session", session_id=sid))["messages"] == before
+        assert [r["id"] for r in (await a.request("list_sessions"))["rows"]] == [sid], "no session made either"
 
 
 def test_serve_refuses_a_single_copy_and_unsynced_servers(nats_cluster, tmp_path):

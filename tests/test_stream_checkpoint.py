@@ -67,9 +67,14 @@ async def test_a_start_from_the_checkpoint_ends_where_a_full_replay_does(nats_cl
                 await proceed.wait()
                 msg.write("end")
             reply_done.set()
+        async def doomed() -> None:  # running in the id made again: its deletion ends it
+            async with a.inflight(sids[2]) as msg:
+                msg.write("cut short")
+                await trio.sleep_forever()
         async with trio.open_nursery() as n:
             n.start_soon(produce)
-            await until(lambda: a.list_running() and a.list_running()[0]["length"] > 20)
+            n.start_soon(doomed)
+            await until(lambda: len(a.list_running()) == 2 and min(r["length"] for r in a.list_running()) > 5)
             await a.es.flush()
             fold = a.worker.checkpoints.fold
             await until(lambda: fold.position >= a.es.written_position)
@@ -91,7 +96,10 @@ async def test_a_start_from_the_checkpoint_ends_where_a_full_replay_does(nats_cl
         async with worker(nats_cluster, tmp_path, "b", stream) as b, \
                 worker(nats_cluster, tmp_path, "c", stream, stream_checkpoint_interval=0) as c:
             start = b.worker.checkpoints.start
+            # (sids[4], deleted before: its tombstone purged before a's tail brought it, or not, it is
+            # not in the checkpoint: the writer prunes the fold with the stream's subjects)
             assert start is not None and start.pruned == 1, "the session deleted after the checkpoint is dropped"
+            assert sids[4] not in b.worker.checkpoints.fold.registry
             assert start.position == position
             assert b.es.replayed < c.es.replayed, (b.es.replayed, c.es.replayed)
             assert c.worker.checkpoints.start is None
@@ -179,3 +187,25 @@ async def test_a_long_session_loads_from_its_snapshot_of_its_own_incarnation(nat
             state = await d.load_session(sid)
             assert d.worker.snapshot_loads == 0
             assert [m.content[:3] for m in state.messages.values()] == ["xxx"]
+
+
+def test_the_fold_forgets_only_sessions_purged_before_what_the_stream_listed():
+    """Pure: a session with no subject when the stream ended at `upto` is
+    gone, unless the fold has a message of it after `upto` (made since)."""
+    from sessionlog_store.eventstore.events import SessionCreated, SessionRenamed
+    from sessionlog_store.eventstore.record import encode_record
+    from sessionlog_store.projections.stream_fold import StreamFold, decode_checkpoint
+
+    def take(fold, sid, seq, stream_seq, ev):  # type: ignore[no-untyped-def]
+        data = encode_record(seq, 1.0, ev)
+        from sessionlog_store.eventstore.log import scan
+        fold.take(sid, data, scan(sid, data).records, stream_seq)
+    fold = StreamFold("S")
+    take(fold, "kept", 1, 1, SessionCreated(session_id="kept"))
+    take(fold, "purged", 1, 2, SessionCreated(session_id="purged"))
+    take(fold, "late", 1, 3, SessionCreated(session_id="late"))
+    take(fold, "kept", 2, 4, SessionRenamed(title="t"))
+    assert fold.prune({"kept"}, upto=2) == 1  # "late" came after the listing
+    assert sorted(fold.positions) == ["kept", "late"] == sorted(fold.registry.rows)
+    ckpt = decode_checkpoint(fold.checkpoint(5.0), "S", "", 4)
+    assert ckpt.position == 4 and ckpt.positions["kept"].seq == 2 and ckpt.sessions["kept"].title == "t"

@@ -58,7 +58,10 @@ async def server(root, nursery):
     return await start_server(nursery, root)
 
 
-def log_content(root: str, sid: str, msg_id: str) -> str:
+async def log_content(server: Running, root: str, sid: str, msg_id: str) -> str:
+    """The message as its log file holds it (the journal's log writer
+    caught up first: a durable record reaches the file a moment later)."""
+    await server.store.es.flush()
     state, _ = load_session_state(OS_FILES, root, sid, use_snapshot=False)
     return state.messages[msg_id].content
 
@@ -78,7 +81,7 @@ async def test_chat_stream_and_a_second_client_joining_mid_stream(server, root):
             loaded = await b.request("load_session", session_id=sid)
             final = next(m for m in loaded["messages"] if m["msg_id"] == rid)
             assert final["content"] == a.content[(sid, rid)] != ""
-    assert log_content(root, sid, rid) == final["content"]
+    assert await log_content(server, root, sid, rid) == final["content"]
 
 
 async def test_reload_mid_stream_at_random_moments_gives_identical_content(root, nursery):
@@ -104,7 +107,7 @@ async def test_reload_mid_stream_at_random_moments_gives_identical_content(root,
                         break
             assert reloads >= 3
             await watcher.wait_done(sid, rid)
-            assert have[(sid, rid)] == watcher.content[(sid, rid)] == log_content(root, sid, rid)
+            assert have[(sid, rid)] == watcher.content[(sid, rid)] == await log_content(server, root, sid, rid)
 
 
 def _norev(data: dict) -> dict:
@@ -267,7 +270,7 @@ async def test_a_client_that_stops_reading_is_dropped_while_others_stream_on(roo
                 sid, rid = ack["session_id"], ack["reply_id"]
                 await live.follow(sid)
                 assert await live.wait_done(sid, rid) == "done"
-                assert live.content[(sid, rid)] == log_content(root, sid, rid)
+                assert live.content[(sid, rid)] == await log_content(server, root, sid, rid)
                 while len(server.server.connections) > 1:
                     await trio.sleep(0.05)  # the stalled one goes once its send timeout passes
             with pytest.raises(ConnectionClosed):

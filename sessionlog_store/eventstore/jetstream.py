@@ -59,7 +59,7 @@ import trio
 from .backend import RecordListener
 from .commit import Appended, CommitStatistics
 from .errors import CorruptRecord, RecordTooLarge, SessionExists, StoreBroken, StoreClosed, UnknownSession
-from .events import Event, MessageFinalized, SessionCreated, SessionDeleted, SessionFlags
+from .events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
 from .natsio import (AsyncioThread, default_prefix, ensure_stream, publish_answered, read_subject, split_by_size,
@@ -399,10 +399,10 @@ class JetStreamLog:
             for old_seq, line in pending:
                 rec = decode_record(line)
                 ev = rec.event
-                # A finalize of a message the other writer finalized (a stop racing
-                # the reply's own end, two sweepers): checked before, void now.
-                # The idle flag that came with it goes too.
-                if (isinstance(ev, MessageFinalized) and ev.msg_id in finalized) or \
+                # A finalize or progress of a message the other writer finalized (a
+                # stop racing the reply's own end, two sweepers): void now, nothing
+                # follows a finalize. The idle flag that came with a finalize goes too.
+                if (isinstance(ev, (MessageFinalized, MessageProgress)) and ev.msg_id in finalized) or \
                         (dropped and isinstance(ev, SessionFlags) and ev.status == "idle"):
                     old.renumber[old_seq] = new.durable_seq
                     dropped = isinstance(ev, MessageFinalized)

@@ -31,7 +31,7 @@ import msgspec
 import trio
 
 from .errors import UnknownSession
-from .events import MessageFinalized
+from .events import MessageCreated, MessageFinalized
 from .jetstream import JetStreamLog
 from .natsio import unanswered, until_led
 
@@ -118,6 +118,11 @@ class Leases:
                     raise
                 unanswered_before = True
             await trio.sleep(0.2)
+
+    def holds(self, session_id: str, msg_id: str) -> bool:
+        """This worker holds the reply's lease (it streams the reply, or is
+        writing its finalize)."""
+        return lease_key(session_id, msg_id) in self._revisions
 
     async def renew(self, session_id: str, msg_id: str) -> bool:
         """Move the deadline on; False: the lease was taken (stop writing the reply)."""
@@ -218,13 +223,16 @@ class Leases:
 
     async def finalize_orphan(self, session_id: str, msg_id: str) -> bool:
         """With the reply's lease taken: append its finalize `aborted` REASON,
-        unless the stream has one (or the session is gone). True if appended."""
+        unless the stream has one, or no placeholder (or the session is
+        gone). True if appended."""
         try:
             records = await self.log.adopt(session_id)
         except UnknownSession:  # the session went (deleted): nothing to finalize
             return False
         if any(isinstance(r.event, MessageFinalized) and r.event.msg_id == msg_id for r in records):
             return False
+        if not any(isinstance(r.event, MessageCreated) and r.event.msg_id == msg_id for r in records):
+            return False  # its worker died between the lease and the placeholder: no reply to end
         try:
             await self.log.append_many(session_id, [MessageFinalized(msg_id=msg_id, status="aborted",
                                                                      aborted_reason=REASON)])

@@ -181,6 +181,18 @@ class StreamFold:
         if isinstance(records[-1].event, SessionDeleted):
             self._forget(sid)
 
+    def prune(self, live: set[str] | None, upto: int) -> int:
+        """Forget the sessions that had no message on the stream when it
+        ended at stream sequence `upto` (`live`: those that had), though the
+        fold has no message of theirs after it: deleted, and purged before
+        the tail brought their tombstone. Returns how many."""
+        if live is None:
+            return 0
+        gone = [sid for sid, pos in self.positions.items() if sid not in live and pos.stream_seq <= upto]
+        for sid in gone:
+            self._forget(sid)
+        return len(gone)
+
     def _forget(self, sid: str) -> None:
         self.registry.put(None, sid)
         self.running.drop(sid)

@@ -136,8 +136,10 @@ class InflightMessage:
 
     def take_progress(self) -> list[MessageProgress]:
         """The pending changes as records (and forget them): one, or several
-        when more text was written in one interval than a record holds."""
-        if not (self._pending or self._tree_dirty or self._tokens_dirty):
+        when more text was written in one interval than a record holds.
+        Nothing once finished (its finalize written, or another worker's taken:
+        nothing of a message follows its finalize)."""
+        if self.finished or not (self._pending or self._tree_dirty or self._tokens_dirty):
             return []
         delta = self._pending[0] if len(self._pending) == 1 else "".join(self._pending)
         offset = self._pending_offset

@@ -73,15 +73,34 @@ class Replies:
                     and (owner is None or (key[0] in rows and rows[key[0]].owner == owner))]
         return sorted(out, key=lambda r: r["started_at"])
 
+    async def reserve_reply(self, session_id: str) -> str | None:
+        """On a shared stream, a reply's id with its lease taken (before
+        anything of the turn is written: a chat's reply that could not start
+        would leave its user's message alone); `reply_released` gives it up if
+        the reply does not start. None on the local store (nothing to take)."""
+        if self.worker is None:
+            return None
+        msg_id = new_session_id()
+        await self.worker.reply_starting(session_id, msg_id)
+        return msg_id
+
+    async def reply_released(self, session_id: str, msg_id: str | None) -> None:
+        if self.worker is not None and msg_id is not None:
+            with trio.CancelScope(shield=True):
+                await self.worker.reply_ended(session_id, msg_id)
+
     @asynccontextmanager
     async def inflight(self, session_id: str, *, kind: str = "llm_reply", role: str = "assistant",
                        parent_id: str | None = None, caller: str | None = None,
-                       metadata: dict[str, Any] | None = None) -> AsyncIterator[InflightMessage]:
+                       metadata: dict[str, Any] | None = None, msg_id: str | None = None,
+                       leased: bool = False) -> AsyncIterator[InflightMessage]:
         """Run in-flight work as a message: a durable placeholder before the block,
         throttled progress while it runs, and a durable terminal state after it:
         done on a normal exit, error on an exception, aborted on cancellation
         (with the reason: "stopped by user", "stalled", "server shutdown").
-        `parent_id`: None = the current head, "" = a root message."""
+        `parent_id`: None = the current head, "" = a root message. `msg_id`:
+        the message's id, when the caller made it (`leased`: and, on a shared
+        stream, took its lease already: `reserve_reply`)."""
         state = await self.load_session(session_id)
         if not valid_kind(role, kind) or kind in ("chat", "relocate"):
             raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
@@ -89,7 +108,7 @@ class Replies:
             raise NotFound("unknown_message", f"unknown message {parent_id!r}")
         if self.shutting_down:
             raise Conflict("shutting_down", "the server is shutting down")
-        msg_id = new_session_id()
+        msg_id = msg_id or new_session_id()
         parent = state.head if parent_id is None else (parent_id or None)  # "": a root message
         moves_head = caller is None and parent != state.head  # a retry: a sibling branch becomes current
         placeholder = MessageCreated(msg_id=msg_id, role=role, kind=kind,  # type: ignore[arg-type]
@@ -100,7 +119,7 @@ class Replies:
             events.append(SessionFlags(status="running"))
         msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent, caller,
                               placeholder.started_at or 0.0)
-        if self.worker is not None:  # the reply's lease first: a running reply always has one
+        if self.worker is not None and not leased:  # the reply's lease first: a running reply always has one
             await self.worker.reply_starting(session_id, msg_id)
         try:
             with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
@@ -187,14 +206,18 @@ class Replies:
 
     async def stop_anywhere(self, session_id: str, msg_id: str) -> bool:
         """`stop`, or, on a shared stream, a reply another worker streams:
-        its finalize `aborted` "stopped by user" is written here, and that
-        worker's producer ends when its tail brings it (scaleout.py).
+        that worker is asked to stop it (and writes its finalize); if none
+        answers, its finalize `aborted` "stopped by user" is written here,
+        and a producer that still runs ends when its tail brings it
+        (scaleout.py).
         False when the message is not running."""
         if self.stop(session_id, msg_id):
             return True
         meta = self.registry.get(session_id)
         if self.worker is None or meta is None or msg_id not in meta.open_msgs:
             return False
+        if await self.worker.stop_elsewhere(session_id, msg_id):
+            return True  # its worker ended it and writes its finalize
         await self.append_events(session_id, *self._ending(session_id, MessageFinalized(
             msg_id=msg_id, status="aborted", aborted_reason="stopped by user")))
         return True

@@ -2,9 +2,9 @@
 its event log is a NATS JetStream stream that other `sessionlog serve`
 workers write too (docs/SCALEOUT.md).
 
-- Start: the registry is folded from the whole stream (an ordered consumer
-  replays it); there is no local recovery, checkpoint or abort sweep of
-  everything open: other workers' replies are alive.
+- Start: the registry is folded from the stream's checkpoint and the
+  messages after it (or the whole stream); there is no local recovery or
+  abort sweep of everything open: other workers' replies are alive.
 - Other workers' records reach the store's listeners through the log's
   tail; `on_remote` tells this worker's clients what they changed (a
   session made, updated or deleted elsewhere) and ends a producer here
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
+from sessionlog_store.eventstore.control import StopRequests
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
                                                 SessionDeleted)
 from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
@@ -76,7 +77,13 @@ async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamL
     registry, running = Registry(), RunningIndex()
     ckpts = Checkpoints(StreamFold(config.stream) if config.stream_checkpoint_interval > 0 else None)
 
+    def gone(sid: str, records: list[Record], end: int) -> None:
+        # during the replay: an id deleted and made again (its tombstone purged unseen)
+        registry.put(None, sid)
+        running.drop(sid)
+
     async def seed(es: JetStreamLog) -> int:
+        es.reset_listeners.append(gone)
         if ckpts.fold is not None:
             ckpts.objects = await StreamObjects.open(es, replicas=config.replicas)
             ckpts.start = await _seed(es, ckpts.objects, registry, running, ckpts.fold)
@@ -86,6 +93,7 @@ async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamL
                                   prefix=config.subject_prefix or default_prefix(config.stream), replicas=config.replicas,
                                   replay=True, listeners=[registry.apply, running.apply], seed=seed) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
+        es.reset_listeners.remove(gone)
         es.replay_seconds = time.monotonic() - t0
         leases = await Leases.open(es, ttl=config.lease_ttl, replicas=config.replicas)
         yield es, registry, leases, running, ckpts
@@ -144,6 +152,7 @@ class Worker:
                  checkpoints: Checkpoints | None = None) -> None:
         self.store, self.es, self.leases, self.running = store, es, leases, running
         self.checkpoints = checkpoints or Checkpoints(None)
+        self.stops = StopRequests(es)
         self.swept = leases.finalized            # replies this worker's sweeper finalized (as it does)
         self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
         self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
@@ -334,6 +343,38 @@ class Worker:
             return True
         return False
 
+    def start_background(self, nursery: trio.Nursery) -> None:
+        """Renewals, sweeps, other workers' stops, checkpoints."""
+        nursery.start_soon(self.renew_loop)
+        nursery.start_soon(self.sweep_loop)
+        nursery.start_soon(self.serve_stops)
+        if self.checkpoints.fold is not None:
+            nursery.start_soon(self.checkpoint_loop)
+
+    # -- stops from other workers --------------------------------------------
+
+    async def serve_stops(self) -> None:
+        """Stop, when another worker asks, the replies produced here."""
+        await self.stops.serve(self._stop_here)
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.stops.close()
+
+    def _stop_here(self, sid: str, msg_id: str) -> bool:
+        """Stopped here, or ending here already (its finalize is this worker's to write)."""
+        return self.store.stop(sid, msg_id) or self.leases.holds(sid, msg_id)
+
+    async def stop_elsewhere(self, sid: str, msg_id: str) -> bool:
+        """Ask the worker that streams the reply to stop it (it writes the
+        finalize); False if none answered."""
+        try:
+            return await self.stops.request(sid, msg_id)
+        except Exception as e:  # noqa: BLE001 - no answer: the asker writes the finalize
+            log.warning("could not ask for reply %s to stop: %s", lease_key(sid, msg_id), e)
+            return False
+
     # -- leases -------------------------------------------------------------
 
     async def reply_starting(self, sid: str, msg_id: str) -> None:
@@ -419,6 +460,8 @@ class Worker:
         fold, objects = self.checkpoints.fold, self.checkpoints.objects
         if fold is None or objects is None or fold.position <= self.checkpointed:
             return False
+        facts = await stream_facts(self.es)
+        fold.prune(facts.live, facts.last_seq)  # (their tombstone purged before the tail brought it)
         position, data = fold.position, fold.checkpoint(time.time())
         stored = await objects.put(CHECKPOINT_NAME, data, position, replace=objects.replace)
         self.checkpointed, objects.replace = position, False

@@ -680,10 +680,7 @@ async def _running(store: SessionStore, worker: Worker | None = None) -> AsyncIt
                 nursery.start_soon(store.prefix_check.run)
             else:  # (the stream is the only copy a start reads: no local caches)
                 store.prefix_check.done.set()
-                nursery.start_soon(worker.renew_loop)
-                nursery.start_soon(worker.sweep_loop)
-                if worker.checkpoints.fold is not None:
-                    nursery.start_soon(worker.checkpoint_loop)
+                worker.start_background(nursery)
             try:
                 yield store
             finally:

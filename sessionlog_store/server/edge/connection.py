@@ -15,7 +15,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from sessionlog_store.eventstore.errors import (InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
                                                 StoreClosed, UnknownSession)
-from sessionlog_store.eventstore.ids import validate_session_id
+from sessionlog_store.eventstore.ids import new_session_id, validate_session_id
 from sessionlog_store.projections.session import SessionMeta, SessionState
 from sessionlog_store.server.domain.errors import NotFound, ServiceError, unknown_session
 from sessionlog_store.server.domain.subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
@@ -395,23 +395,31 @@ class Connection:
             raise ServiceError("bad_field", "a chat message must not be empty")
         user, quotas = self.principal.user, self.server.quotas
         quotas.start_reply(user)  # reserved before the user's message is written; the reply gives it back
+        sid, reply_id = r.session_id, None
         try:
-            if r.session_id is None:
-                meta, msg_id = await self._create(agent_id=r.agent_id or "default", project_id=r.project_id,
-                                                  source=r.source or "web", first_message=r.content)
-                sid = meta.id
+            if sid is not None:
+                self.own(sid)
             else:
-                sid = r.session_id
+                sid = new_session_id()
+            # On a shared stream, the reply's lease first (an election: refused, nothing written)
+            reply_id = await store.reserve_reply(sid)
+            if r.session_id is None:
+                meta, msg_id = await self._create(session_id=sid, agent_id=r.agent_id or "default",
+                                                  project_id=r.project_id, source=r.source or "web",
+                                                  first_message=r.content)
+            else:
                 meta = self.own(sid)
                 if r.project_id is not None and r.project_id != (meta.project_id or "default"):
                     await store.set_session_project(sid, r.project_id)
                 msg_id = await store.append_message(sid, r.content)
         except BaseException:
             quotas.end_reply(user)
+            if sid is not None:
+                await store.reply_released(sid, reply_id)
             raise
         assert msg_id is not None
         self.watching.add(sid)
-        reply_id = await self.server.start_reply(sid, msg_id, user, reserved=True)
+        reply_id = await self.server.start_reply(sid, msg_id, user, reserved=True, reply_id=reply_id)
         self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
 
     async def subscribe(self, r: p.SubscribeMsg) -> None:

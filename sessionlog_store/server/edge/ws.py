@@ -358,20 +358,22 @@ class Server:
     # -- agents ----------------------------------------------------------------
 
     async def start_reply(self, session_id: str, parent_id: str | None, user: str = "",
-                          reserved: bool = False) -> str:
+                          reserved: bool = False, reply_id: str | None = None) -> str:
         """Run the agent's reply as an in-flight message; returns its id once
         its placeholder is durable. Counts against `user`'s running replies
-        (`reserved`: the caller reserved its place already)."""
+        (`reserved`: the caller reserved its place already; `reply_id`: and
+        the reply's id and lease, `reserve_reply`)."""
         assert self._agents is not None
         if not reserved:
             self.quotas.start_reply(user)
-        return await self._agents.start(self._run_agent, session_id, parent_id, user)
+        return await self._agents.start(self._run_agent, session_id, parent_id, user, reply_id)
 
-    async def _run_agent(self, session_id: str, parent_id: str | None, user: str,
+    async def _run_agent(self, session_id: str, parent_id: str | None, user: str, reply_id: str | None = None,
                          task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         started = False
         try:
-            async with self.store.inflight(session_id, kind="llm_reply", parent_id=parent_id) as reply:
+            async with self.store.inflight(session_id, kind="llm_reply", parent_id=parent_id, msg_id=reply_id,
+                                           leased=reply_id is not None) as reply:
                 task_status.started(reply.msg_id)
                 started = True
                 state = await self.store.load_session(session_id)
