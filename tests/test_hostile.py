@@ -88,7 +88,7 @@ async def test_a_stalled_subscriber_among_fifty_is_dropped_and_the_others_stream
                     for _ in range(49):
                         n.start_soon(listener)
                 assert len(results) == 49 and len(set(results)) == 1
-                assert results[0] == log_content(root, sid, rid)
+                assert results[0] == await log_content(server, root, sid, rid)
                 with pytest.raises(ConnectionClosed):
                     while True:
                         await stalled.get_message()

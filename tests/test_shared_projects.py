@@ -8,25 +8,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 
 from sessionlog_store.server.domain.errors import Conflict
-from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+
+from .test_workers import until, worker
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
-
-
-@asynccontextmanager
-async def worker(cluster, tmp_path, name: str, stream: str, **kw: Any):  # type: ignore[no-untyped-def]
-    root = str(tmp_path / name)
-    os.makedirs(root, exist_ok=True)
-    config = StoreConfig(backend=tuple(cluster.urls), stream=stream, subject_prefix=f"p.{stream}", **kw)
-    async with open_session_store(root, config=config) as store:
-        yield store
 
 
 def folder(tmp_path, name: str) -> str:
@@ -34,12 +25,6 @@ def folder(tmp_path, name: str) -> str:
     path = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp_path)
     assert path.startswith(os.path.expanduser("~"))
     return path
-
-
-async def until(pred, within: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.fail_after(within):
-        while not pred():
-            await trio.sleep(0.02)
 
 
 async def test_a_project_made_on_one_worker_is_every_workers(nats_cluster, tmp_path):

@@ -8,8 +8,6 @@ checkpoint falls back to the full replay."""
 from __future__ import annotations
 
 import logging
-import os
-from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -17,19 +15,17 @@ import pytest
 import trio
 
 from sessionlog_store.server.domain.scaleout import CHECKPOINT_NAME, snapshot_name
-from sessionlog_store.server.domain.store import SessionStore, StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import SessionStore
+
+from . import test_workers
+from .test_workers import until
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
 
 
-@asynccontextmanager
-async def worker(cluster, tmp_path, name: str, stream: str, **kw: Any):  # type: ignore[no-untyped-def]
-    root = str(tmp_path / name)
-    os.makedirs(root, exist_ok=True)
+def worker(cluster, tmp_path, name: str, stream: str, **kw: Any):  # type: ignore[no-untyped-def]
     kw.setdefault("stream_checkpoint_interval", 3600.0)  # written when the test says
-    config = StoreConfig(backend=tuple(cluster.urls), stream=stream, subject_prefix=f"c.{stream}", **kw)
-    async with open_session_store(root, config=config) as store:
-        yield store
+    return test_workers.worker(cluster, tmp_path, name, stream, **kw)
 
 
 def view(store: SessionStore) -> tuple[Any, Any, Any]:
@@ -41,12 +37,6 @@ def view(store: SessionStore) -> tuple[Any, Any, Any]:
     positions = {sid: (es.last_seq(sid), es.durable_end(sid), es.stream_seq(sid))  # type: ignore[attr-defined]
                  for sid in es.session_ids()}
     return rows, running, positions
-
-
-async def until(pred, within: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    with trio.fail_after(within):
-        while not pred():
-            await trio.sleep(0.02)
 
 
 async def test_a_start_from_the_checkpoint_ends_where_a_full_replay_does(nats_cluster, tmp_path):

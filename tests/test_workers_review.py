@@ -27,6 +27,39 @@ def finals(records, mid: str) -> list[tuple[str, str | None]]:  # type: ignore[n
             if isinstance(r.event, MessageFinalized) and r.event.msg_id == mid]
 
 
+async def stopped_from_b(a, b, *, answered: bool) -> None:  # type: ignore[no-untyped-def]
+    """a streams a reply; b stops it; a's producer ends, one finalize
+    "stopped by user" is stored and nothing of the reply follows it."""
+    meta, _ = await a.create_session(first_message="go")
+    sid, got, ended = meta.id, {}, trio.Event()
+    appended = b.es.statistics().records
+
+    async def produce() -> None:
+        try:
+            async with a.inflight(sid) as msg:
+                got["mid"] = msg.msg_id
+                for i in range(600):
+                    msg.write(f"{i} ")
+                    await trio.sleep(0.01)
+                got["ran_to_end"] = True
+        finally:
+            ended.set()
+    async with trio.open_nursery() as n:
+        n.start_soon(produce)
+        await until(lambda: "mid" in got and sid in b.registry and got["mid"] in b.get_meta(sid).open_msgs)
+        await trio.sleep(0.3)
+        assert await b.stop_anywhere(sid, got["mid"])
+        assert (b.es.statistics().records > appended) == (not answered), "who wrote the finalize"
+        with trio.fail_after(10):
+            await ended.wait()
+    assert not got.get("ran_to_end"), "a's producer was stopped"
+    records = await a.es.read(sid)
+    assert finals(records, got["mid"]) == [("aborted", "stopped by user")]
+    end = [i for i, r in enumerate(records) if isinstance(r.event, MessageFinalized)][0]
+    assert not [r for r in records[end:] if getattr(r.event, "msg_id", None) == got["mid"]
+                and not isinstance(r.event, MessageFinalized)], "nothing of the reply follows its finalize"
+
+
 async def test_a_stop_reaches_a_producer_whose_records_are_in_flight(nats_cluster, tmp_path):
     """a's saver has a record of the session in flight nearly always (a 5 ms
     interval): b's stop reaches a by a request, and a's producer writes the
@@ -35,32 +68,7 @@ async def test_a_stop_reaches_a_producer_whose_records_are_in_flight(nats_cluste
     that path)."""
     async with worker(nats_cluster, tmp_path, "a", "RV1", progress_interval=0.005) as a, \
             worker(nats_cluster, tmp_path, "b", "RV1") as b:
-        meta, _ = await a.create_session(first_message="go")
-        sid, got, ended = meta.id, {}, trio.Event()
-
-        async def produce() -> None:
-            try:
-                async with a.inflight(sid) as msg:
-                    got["mid"] = msg.msg_id
-                    for i in range(600):
-                        msg.write(f"{i} ")
-                        await trio.sleep(0.01)
-                    got["ran_to_end"] = True
-            finally:
-                ended.set()
-        async with trio.open_nursery() as n:
-            n.start_soon(produce)
-            await until(lambda: "mid" in got and sid in b.registry and got["mid"] in b.get_meta(sid).open_msgs)
-            await trio.sleep(0.3)
-            assert await b.stop_anywhere(sid, got["mid"])
-            with trio.fail_after(10):
-                await ended.wait()
-        assert not got.get("ran_to_end"), "a's producer was stopped"
-        records = await a.es.read(sid)
-        assert finals(records, got["mid"]) == [("aborted", "stopped by user")]
-        end = [i for i, r in enumerate(records) if isinstance(r.event, MessageFinalized)][0]
-        assert not [r for r in records[end:] if getattr(r.event, "msg_id", None) == got["mid"]
-                    and not isinstance(r.event, MessageFinalized)], "nothing of the reply follows its finalize"
+        await stopped_from_b(a, b, answered=True)
 
 
 async def test_a_stop_no_worker_answers_is_written_by_the_asker(nats_cluster, tmp_path):
@@ -71,33 +79,7 @@ async def test_a_stop_no_worker_answers_is_written_by_the_asker(nats_cluster, tm
     async with worker(nats_cluster, tmp_path, "a", "RV11", progress_interval=0.05) as a, \
             worker(nats_cluster, tmp_path, "b", "RV11") as b:
         await a.worker.stops.close()  # a answers no stop request
-        meta, _ = await a.create_session(first_message="go")
-        sid, got, ended = meta.id, {}, trio.Event()
-
-        async def produce() -> None:
-            try:
-                async with a.inflight(sid) as msg:
-                    got["mid"] = msg.msg_id
-                    for i in range(600):
-                        msg.write(f"{i} ")
-                        await trio.sleep(0.01)
-                    got["ran_to_end"] = True
-            finally:
-                ended.set()
-        async with trio.open_nursery() as n:
-            n.start_soon(produce)
-            await until(lambda: "mid" in got and sid in b.registry and got["mid"] in b.get_meta(sid).open_msgs)
-            await trio.sleep(0.3)
-            assert await b.stop_anywhere(sid, got["mid"])
-            assert b.es.statistics().records >= 1, "b wrote the finalize"
-            with trio.fail_after(10):
-                await ended.wait()
-        assert not got.get("ran_to_end"), "a's producer was stopped"
-        records = await a.es.read(sid)
-        assert finals(records, got["mid"]) == [("aborted", "stopped by user")]
-        end = [i for i, r in enumerate(records) if isinstance(r.event, MessageFinalized)][0]
-        assert not [r for r in records[end:] if getattr(r.event, "msg_id", None) == got["mid"]
-                    and not isinstance(r.event, MessageFinalized)], "nothing of the reply follows its finalize"
+        await stopped_from_b(a, b, answered=False)
 
 
 async def test_a_stop_racing_the_replys_own_end_stores_one_finalize(nats_cluster, tmp_path):

@@ -386,9 +386,12 @@ class JetStreamLog:
         new.last_seq = new.durable_seq = records[-1].seq if records else 0
         old.moved_to = new
         new.deferred = [d for d in old.deferred if d[1] > last]  # the tail's, after the read
+        self._unacked.pop(session_id, None)  # (renumbered: the tail's copies are decoded)
         gone = not records or isinstance(records[-1].event, SessionDeleted)
-        if gone or isinstance(decode_record(pending[0][1]).event, SessionCreated):
-            old.refused = (UnknownSession(session_id) if gone else
+        # Nothing this log knew of the session is left: deleted, purged and made again.
+        again = old.stream_seq > 0 and bool(marks) and marks[0][0] > old.stream_seq
+        if gone or again or isinstance(decode_record(pending[0][1]).event, SessionCreated):
+            old.refused = (UnknownSession(session_id) if gone or again else
                            SessionExists(f"session {session_id!r} was created by another writer"))
             if gone:
                 new.deleted = True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .events import Event
 from .jetstream import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE
@@ -56,17 +56,23 @@ class StreamProjectLog:
         self.log._check_open()
         rec = Record(self.seq + 1, time.time(), event)
         line = encode_record(rec.seq, rec.ts, event)
+        ack = await self._publish(line, f"{PROJECTS}:{self.log.worker}:{rec.seq}:{self.stream_seq}", self.stream_seq)
+        self.seq, self.stream_seq = rec.seq, max(self.stream_seq, ack.seq)
+        return rec
+
+    async def _publish(self, data: bytes, msg_id: str, fence: int) -> Any:
+        """One message, fenced on `fence`, sent again while unanswered (its
+        id makes a retry stored once); ProjectsMoved if the fence refused it."""
         js, log = self.log._js, self.log
-        headers = {"Nats-Msg-Id": f"{PROJECTS}:{log.worker}:{rec.seq}:{self.stream_seq}",  # (a retry: stored once)
-                   "Nats-Expected-Last-Subject-Sequence": str(self.stream_seq), WRITER_HEADER: log.worker}
-        [ack] = await log._bridge.run(lambda: publish_answered(js, [(self.subject, line, headers)], log.retry_for,
+        headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Subject-Sequence": str(fence),
+                   WRITER_HEADER: log.worker}
+        [ack] = await log._bridge.run(lambda: publish_answered(js, [(self.subject, data, headers)], log.retry_for,
                                                                log._retried))
         if isinstance(ack, BaseException):
             if getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
                 raise ProjectsMoved()
             raise ack
-        self.seq, self.stream_seq = rec.seq, max(self.stream_seq, ack.seq)
-        return rec
+        return ack
 
     async def raw(self) -> bytes:
         """The project log's lines as the stream holds them (as its file would)."""
@@ -77,15 +83,7 @@ class StreamProjectLog:
     async def import_raw(self, data: bytes) -> None:
         """Put a local project log on the stream as it is (`sessionlog
         migrate`), in one message; ProjectsMoved if the stream has one."""
-        js, log = self.log._js, self.log
-        headers = {"Nats-Msg-Id": f"{PROJECTS}:import:{len(data)}", "Nats-Expected-Last-Subject-Sequence": "0",
-                   WRITER_HEADER: log.worker}
-        [ack] = await log._bridge.run(lambda: publish_answered(js, [(self.subject, data, headers)], log.retry_for,
-                                                               log._retried))
-        if isinstance(ack, BaseException):
-            if getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
-                raise ProjectsMoved()
-            raise ack
+        await self._publish(data, f"{PROJECTS}:import:{len(data)}", 0)
 
     def _take(self, data: bytes, stream_seq: int) -> None:
         """Another worker's message (the tail, on the trio thread)."""

@@ -101,13 +101,18 @@ class Replies:
         `parent_id`: None = the current head, "" = a root message. `msg_id`:
         the message's id, when the caller made it (`leased`: and, on a shared
         stream, took its lease already: `reserve_reply`)."""
-        state = await self.load_session(session_id)
-        if not valid_kind(role, kind) or kind in ("chat", "relocate"):
-            raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
-        if parent_id and parent_id not in state.messages:
-            raise NotFound("unknown_message", f"unknown message {parent_id!r}")
-        if self.shutting_down:
-            raise Conflict("shutting_down", "the server is shutting down")
+        try:
+            state = await self.load_session(session_id)
+            if not valid_kind(role, kind) or kind in ("chat", "relocate"):
+                raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
+            if parent_id and parent_id not in state.messages:
+                raise NotFound("unknown_message", f"unknown message {parent_id!r}")
+            if self.shutting_down:
+                raise Conflict("shutting_down", "the server is shutting down")
+        except BaseException:
+            if leased:  # (a reserved reply that does not start: its lease goes)
+                await self.reply_released(session_id, msg_id)
+            raise
         msg_id = msg_id or new_session_id()
         parent = state.head if parent_id is None else (parent_id or None)  # "": a root message
         moves_head = caller is None and parent != state.head  # a retry: a sibling branch becomes current
@@ -136,6 +141,9 @@ class Replies:
         self.saver.start(msg)
         if self.shutting_down:  # a stop began while the placeholder was written: it ends at once
             msg.abort_reason = "server shutdown"
+            msg.scope.cancel()
+        elif self.worker is not None and self.worker.stop_pending(session_id, msg_id):
+            msg.abort_reason = "stopped by user"  # asked by another worker while its placeholder was written
             msg.scope.cancel()
         status, error, reason = "done", None, None
         try:
@@ -218,6 +226,9 @@ class Replies:
             return False
         if await self.worker.stop_elsewhere(session_id, msg_id):
             return True  # its worker ended it and writes its finalize
+        meta = self.registry.get(session_id)  # (it may have ended while no one answered)
+        if meta is None or msg_id not in meta.open_msgs:
+            return False
         await self.append_events(session_id, *self._ending(session_id, MessageFinalized(
             msg_id=msg_id, status="aborted", aborted_reason="stopped by user")))
         return True

@@ -153,6 +153,7 @@ class Worker:
         self.store, self.es, self.leases, self.running = store, es, leases, running
         self.checkpoints = checkpoints or Checkpoints(None)
         self.stops = StopRequests(es)
+        self._stops_pending: set[tuple[str, str]] = set()
         self.swept = leases.finalized            # replies this worker's sweeper finalized (as it does)
         self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
         self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
@@ -235,6 +236,10 @@ class Worker:
         self.running.drop(sid)
         for rec in records:
             self.running.apply(sid, rec, end)
+        made = {rec.event.msg_id for rec in records if isinstance(rec.event, MessageCreated)}
+        for (s, msg_id), msg in list(store.saver.active.items()):
+            if s == sid and msg_id not in made and not msg.finished:
+                self._end_here(msg, "session deleted")  # (the id was deleted and made again elsewhere)
         if sid in store._loading:
             self._reset_loading.add(sid)
         new = store.registry.get(sid)
@@ -298,6 +303,8 @@ class Worker:
             state = self.store._states.get(sid)
             if not first or state is None or sid not in es:
                 return False
+            if first > es.stream_seq(sid):
+                return False  # the stream's session is another incarnation of the id (this one's tail lags)
             if state.seq == es.durable_seq(sid) == es.last_seq(sid):
                 break
             await es.wait_durable(sid, es.last_seq(sid))  # (its title, a flag: written after the reply)
@@ -363,8 +370,21 @@ class Worker:
                 await self.stops.close()
 
     def _stop_here(self, sid: str, msg_id: str) -> bool:
-        """Stopped here, or ending here already (its finalize is this worker's to write)."""
-        return self.store.stop(sid, msg_id) or self.leases.holds(sid, msg_id)
+        """Stopped here; or starting here (its placeholder being written: it
+        stops once live) or ending here (its finalize is this worker's to write)."""
+        if self.store.stop(sid, msg_id):
+            return True
+        if not self.leases.holds(sid, msg_id):
+            return False
+        self._stops_pending.add((sid, msg_id))  # (dropped when the reply ends, if it never went live)
+        return True
+
+    def stop_pending(self, sid: str, msg_id: str) -> bool:
+        """Another worker asked to stop this reply before it went live."""
+        if (sid, msg_id) in self._stops_pending:
+            self._stops_pending.discard((sid, msg_id))
+            return True
+        return False
 
     async def stop_elsewhere(self, sid: str, msg_id: str) -> bool:
         """Ask the worker that streams the reply to stop it (it writes the
@@ -388,6 +408,7 @@ class Worker:
                                               "or too few nodes up); nothing was written, try again") from None
 
     async def reply_ended(self, sid: str, msg_id: str) -> None:
+        self._stops_pending.discard((sid, msg_id))
         try:
             await self.leases.release(sid, msg_id)
         except Exception as e:  # noqa: BLE001 - it expires; a sweeper finds the finalize and drops it
@@ -475,10 +496,14 @@ class Worker:
         tail brought it), within a few seconds."""
         if self.checkpoints.fold is None:
             return
-        with trio.move_on_after(5):
+        with trio.move_on_after(5) as waited:
             await self.es.flush()
             while self.checkpoints.fold.position < max(self.es.written_position, self.es.tail_position):
                 await trio.sleep(0.02)
+        if waited.cancelled_caught:
+            log.warning("the stop's checkpoint: the tail did not bring this worker's last messages in 5 s "
+                        "(folded to stream sequence %d of %d)", self.checkpoints.fold.position,
+                        max(self.es.written_position, self.es.tail_position))
         try:
             with trio.move_on_after(5):
                 await self.write_checkpoint()

@@ -419,7 +419,11 @@ class Connection:
             raise
         assert msg_id is not None
         self.watching.add(sid)
-        reply_id = await self.server.start_reply(sid, msg_id, user, reserved=True, reply_id=reply_id)
+        try:
+            reply_id = await self.server.start_reply(sid, msg_id, user, reserved=True, reply_id=reply_id)
+        except BaseException:
+            await store.reply_released(sid, reply_id)  # (a reply that never started: its lease goes)
+            raise
         self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
 
     async def subscribe(self, r: p.SubscribeMsg) -> None:
