@@ -9,7 +9,7 @@ import struct
 
 import msgspec
 import trio
-from trio_websocket import open_websocket
+from trio_websocket import ConnectionClosed, open_websocket
 
 from sessionlog_store.eventstore import open_event_store
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated, SessionRenamed
@@ -66,16 +66,40 @@ async def test_a_stop_while_a_reply_ends_done_tells_its_subscriber_done(root, nu
 
 
 async def test_a_reply_whose_placeholder_is_written_as_a_stop_begins_ends_at_once(root, nursery):
+    """The chat is in flight as the stop begins: it gets its chat_ack before
+    the close handshake (it was closed unanswered under load), and its reply,
+    live only as the stop began, is finalized `aborted` before the stop ends.
+    The subscribe sent after the ack is read after the stop began: at most
+    `shutting_down`."""
     server = await start_server(nursery, root, speed=50.0, tokens=(300, 300))
     store = server.server.store
+    stopped = trio.Event()
+
+    async def stop() -> None:
+        await server.server.prepare_stop()
+        stopped.set()
 
     def on_rec(sid, rec, end):  # type: ignore[no-untyped-def]
         if type(rec.event) is MessageCreated and rec.event.status == "running" and not store.shutting_down:
-            nursery.start_soon(server.server.prepare_stop)  # while the placeholder waits for its sync
+            nursery.start_soon(stop)  # while the placeholder waits for its sync
     store.es.listeners.append(on_rec)
-    sid, rid, updates = await _chat_and_follow(server.port)
-    assert updates[-1]["status"] == "aborted" and updates[-1]["aborted_reason"] == "server shutdown"
+    with trio.fail_after(10):
+        async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False) as ws:
+            sid, rid = await _chat(ws)
+            frames: list[dict] = []
+            try:
+                while True:
+                    frames.append(json.loads(await ws.get_message()))
+            except ConnectionClosed as e:
+                assert e.reason is not None and e.reason.code == 1001
+        answers = [f for f in frames if f.get("request_id") == 2]
+        assert all(f["type"] == "error" and f["data"]["code"] == "shutting_down" for f in answers), answers
+        await stopped.wait()
     assert not store.saver.active
+    await store.es.flush()
+    state, _ = load_session_state(OS_FILES, root, sid, use_snapshot=False)
+    reply = state.messages[rid]
+    assert reply.status == "aborted" and reply.metadata.get("aborted_reason") == "server shutdown"
 
 
 def test_catch_up_pieces_are_flagged_and_a_tree_piece_fits_a_frame():

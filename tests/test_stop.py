@@ -6,10 +6,13 @@ running reply is finalized `aborted` "server shutdown" with its text, and the
 checkpoint is written. A stop that outlasts --stop-grace (a producer that
 ignores cancellation) finalizes what it can and exits 4 with one line. Through
 the library, a cancel around the store's block returns, and a cancel at any
-await of open or close leaves no descriptor and no lock behind.
+await of open or close leaves no descriptor and no lock behind. Over real
+sockets, every request read before a stop begins gets its answer before the
+close handshake, and one read after gets `shutting_down`.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,8 +20,13 @@ import subprocess
 import sys
 import time
 
+from contextlib import AsyncExitStack
+from typing import Any
+
 import pytest
 import trio
+import trio.testing
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 
 from sessionlog_store.eventstore.fsio import lock_root
 from sessionlog_store.projections.checkpoint import read_index
@@ -28,6 +36,8 @@ from sessionlog_store.server.edge.client import open_client
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .conftest import ROOT
+from .test_ws import TOKEN as WS_TOKEN
+from .test_ws import start_server
 
 TOKEN = "stop-test-token"
 
@@ -234,3 +244,101 @@ async def test_a_cancel_at_any_await_of_open_or_close_leaks_no_descriptor_and_no
         os.close(fd)
         k += 1
     assert completed_uncancelled == 3, "the instrument never reached the end of open and close"
+
+
+class GatedTitler:
+    """A title generator that holds every call until `gate` is set: a
+    `rename_session` with `regenerate` stays in flight for as long as the test
+    wants. `entered` is set once `n` calls are waiting."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.waiting = n, 0
+        self.entered, self.gate = trio.Event(), trio.Event()
+
+    async def generate(self, messages: Any) -> str:
+        self.waiting += 1
+        if self.waiting == self.n:
+            self.entered.set()
+        await self.gate.wait()
+        return "named as the server stopped"
+
+
+async def _send(ws: WebSocketConnection, action: str, request_id: str, **kw: Any) -> None:
+    await ws.send_message(json.dumps({"action": action, "request_id": request_id, **kw}))
+
+
+async def _answer(ws: WebSocketConnection, request_id: str) -> dict[str, Any]:
+    """The next frame answering `request_id` (pushes are skipped)."""
+    while True:
+        frame = json.loads(await ws.get_message())
+        if frame.get("request_id") == request_id:
+            return frame  # type: ignore[no-any-return]
+
+
+async def _answers_until_close(ws: WebSocketConnection) -> tuple[list[dict[str, Any]], int | None]:
+    """Every answer (a frame with a request_id) until the server's close, and the close code."""
+    answers = []
+    while True:
+        try:
+            frame = json.loads(await ws.get_message())
+        except ConnectionClosed as e:
+            return answers, e.reason.code if e.reason is not None else None
+        if "request_id" in frame:
+            answers.append(frame)
+
+
+async def test_requests_in_flight_as_a_stop_begins_are_answered_before_the_close(root, nursery):
+    """Three connections each have a request in flight (held by the titler)
+    and a second one waiting to be read as the stop begins: each first one
+    gets its result before the close handshake, a second one at most
+    `shutting_down` (never a result), and a request sent after the stop began
+    gets `shutting_down` at once."""
+    server = await start_server(nursery, root)
+    titler = GatedTitler(3)
+    server.store.titler = titler
+    stopped = trio.Event()
+
+    async def stop() -> None:
+        await server.server.prepare_stop()
+        stopped.set()
+
+    url = f"/ws?token={WS_TOKEN}"
+    with trio.fail_after(30):
+        async with AsyncExitStack() as stack:
+            busy = [await stack.enter_async_context(open_websocket("127.0.0.1", server.port, url, use_ssl=False))
+                    for _ in range(3)]
+            late = await stack.enter_async_context(open_websocket("127.0.0.1", server.port, url, use_ssl=False))
+            for k, ws in enumerate(busy):
+                await _send(ws, "create_session", "create", title=f"session {k}")
+                sid = (await _answer(ws, "create"))["data"]["session"]["id"]
+                await _send(ws, "rename_session", "named", session_id=sid, regenerate=True)
+                await _send(ws, "list_sessions", "after")  # read once "named" is answered
+            await titler.entered.wait()  # the three renames are in flight
+            nursery.start_soon(stop)
+            await trio.testing.wait_all_tasks_blocked()  # the stop began: it waits for the renames
+            assert server.store.shutting_down and not stopped.is_set()
+
+            await _send(late, "list_sessions", "late")
+            refused = await _answer(late, "late")
+            assert refused["type"] == "error" and refused["data"]["code"] == "shutting_down"
+
+            titler.gate.set()
+            closes: dict[int, tuple[list[dict[str, Any]], int | None]] = {}
+
+            async def read(k: int, ws: WebSocketConnection) -> None:
+                closes[k] = await _answers_until_close(ws)
+            async with trio.open_nursery() as readers:  # each reads on: its close handshake is answered
+                for k, ws in enumerate([*busy, late]):
+                    readers.start_soon(read, k, ws)
+            for k in range(len(busy)):
+                answers, code = closes[k]
+                assert code == 1001
+                named = [a for a in answers if a["request_id"] == "named"]
+                assert [(a["type"], a["data"]["action"]) for a in named] == [("ok", "rename_session")], answers
+                after = [a for a in answers if a["request_id"] == "after"]
+                assert len(after) <= 1 and all(a["data"]["code"] == "shutting_down" for a in after), answers
+                assert len(answers) == len(named) + len(after), answers
+            assert closes[len(busy)] == ([], 1001)
+        await stopped.wait()
+    titles = sorted(row["title"] for row in server.store.list_sessions()[0])
+    assert titles == ["named as the server stopped"] * 3

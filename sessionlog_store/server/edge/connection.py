@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -17,7 +18,7 @@ from sessionlog_store.eventstore.errors import (InvalidSessionId, RecordTooLarge
                                                 StoreClosed, UnknownSession)
 from sessionlog_store.eventstore.ids import new_session_id, validate_session_id
 from sessionlog_store.projections.session import SessionMeta, SessionState
-from sessionlog_store.server.domain.errors import NotFound, ServiceError, unknown_session
+from sessionlog_store.server.domain.errors import Conflict, NotFound, ServiceError, unknown_session
 from sessionlog_store.server.domain.subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
 from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.edge.auth import Principal
@@ -87,18 +88,36 @@ class Connection:
         self.watching: set[str] = set()
         self.dropped = False
         self.remote = "?"  # the client's address, for the log
-        self.handling = False  # a request of this client is being answered
+        self.handling = False  # a request of this client was read and its answer is not queued yet
         self._busy = 0.0  # seconds spent answering its requests, up to the last one answered
         self._busy_since = 0.0
         # Frames queued and not yet written to the socket. (The channel's buffer
         # alone does not say: a frame handed straight to a waiting sender task
         # is in neither.)
         self.unsent = 0
+        self.ended = False  # the reader loop returned: nothing more is read or sent
+        # Woken whenever `handling`, `unsent`, `subs` or `ended` may have
+        # changed (a stopping server waits on them: `wait_until`).
+        self._changed = trio.lowlevel.ParkingLot()
+        self._close_done: trio.Event | None = None  # set once our close handshake is over
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close with a close handshake: the reader loop waits for it to end
+        (trio-websocket reads the client's answer in this connection's
+        nursery, which ends with the reader loop)."""
+        if self._close_done is not None:
+            await self._close_done.wait()
+            return
+        self._close_done = trio.Event()
+        try:
+            await self.ws.aclose(code, reason)
+        finally:
+            self._close_done.set()
 
     def end(self, code: int, reason: str) -> None:
         """Close this connection with a close handshake (its credential ended)."""
         log.info("closing a connection: %s", reason, extra={"remote": self.remote})
-        self.nursery.start_soon(self.ws.aclose, code, reason)
+        self.nursery.start_soon(self.close, code, reason)
 
     async def _expire(self, at: float) -> None:
         await trio.sleep(max(0.0, at - time.time()))
@@ -120,6 +139,17 @@ class Connection:
         """No subscription left, nothing queued or being written."""
         return not (self.subs or self.unsent)
 
+    def idle(self) -> bool:
+        """No request read and unanswered (its answer is queued, at least)."""
+        return not self.handling
+
+    async def wait_until(self, condition: Callable[[Connection], bool]) -> None:
+        """Until `condition(self)` holds or the connection has ended. Returns
+        without a checkpoint when it holds already, so that a caller acts on
+        it (the close handshake) before another frame can be read."""
+        while not (self.ended or condition(self)):
+            await self._changed.park()
+
     def drop(self, why: str) -> None:
         if not self.dropped:
             self.dropped = True
@@ -132,6 +162,7 @@ class Connection:
         key = sub.key
         if update.status in TERMINAL and self.subs.get(key) is sub:
             del self.subs[key]
+            self._changed.unpark_all()
         pieces = split_update(update)
         if len(pieces) > 1:
             shared = False
@@ -182,15 +213,24 @@ class Connection:
                 try:
                     await self.ws.send_message(frame)
                 except ConnectionClosed:
-                    self.nursery.cancel_scope.cancel()  # the client left; the reader ends too
-                    return
+                    if self._close_done is None:
+                        self.nursery.cancel_scope.cancel()  # the client left; the reader ends too
+                    return  # (our close: the reader ends once its handshake is over)
                 finally:
                     self.unsent -= 1
+                    self._changed.unpark_all()
                 continue
             self.drop("a frame was not taken within the send timeout")
             return
 
     async def run(self) -> None:
+        try:
+            await self._read()
+        finally:
+            self.ended = True
+            self._changed.unpark_all()
+
+    async def _read(self) -> None:
         self.nursery.start_soon(self._sender)
         if self.server.config.ping_interval > 0:
             self.nursery.start_soon(self._keepalive)
@@ -205,6 +245,8 @@ class Connection:
             try:
                 frame = await self.ws.get_message()
             except ConnectionClosed:
+                if self._close_done is not None:  # ours: the client's answer is read first
+                    await self._close_done.wait()
                 return
             action: str | None = None
             rid: p.RequestId = None
@@ -220,13 +262,11 @@ class Connection:
             try:
                 req = p.decode_action(frame)
                 action, rid = req.__struct_config__.tag, req.request_id  # type: ignore[assignment]
+                if self.store.shutting_down:  # read after the stop began: not carried out
+                    raise Conflict("shutting_down", "the server is shutting down")
                 self.handling = True
                 self._busy_since = trio.current_time()
-                try:
-                    await self.handle(req)
-                finally:
-                    self.handling = False
-                    self._busy += trio.current_time() - self._busy_since
+                await self.handle(req)
             except p.ProtocolError as e:
                 self.send_nowait(p.encode_error(e.code, e.message, e.action, e.request_id))
             except Exception as e:  # one bad frame never ends the connection
@@ -234,6 +274,11 @@ class Connection:
                 if code == "internal":
                     log.exception("handling %s failed", action)
                 self.send_nowait(p.encode_error(code, message, action, rid))
+            finally:
+                if self.handling:  # its answer (result or error) is queued by now
+                    self.handling = False
+                    self._busy += trio.current_time() - self._busy_since
+                    self._changed.unpark_all()
 
     def reply(self, type_: str, data: Any, rid: p.RequestId) -> None:
         self.send_nowait(p.encode_frame(type_, data, rid))
@@ -445,3 +490,4 @@ class Connection:
         for sub in list(self.subs.values()):
             sub.close()
         self.subs.clear()
+        self._changed.unpark_all()

@@ -394,27 +394,44 @@ class Server:
     async def prepare_stop(self, timeout: float = 2.0) -> None:
         """The first part of a graceful stop, while connections are still
         open: no new reply starts, every running one is finalized `aborted`
-        "server shutdown", every subscription gets its terminal update, and the
-        connections' queues get up to `timeout` to drain before each is closed
-        with a close handshake."""
+        "server shutdown", every request read before the stop gets its answer
+        and every subscription its terminal update, and then each connection
+        is closed with a close handshake (1001). A request read after the stop
+        began is answered `shutting_down` and not carried out (connection.py).
+        The requests in flight, the terminal updates and the queues get up to
+        `timeout` in all; the close handshakes up to `timeout` more."""
         store = self.store
         store.shutting_down = True
         await store.abort_running("server shutdown")
+        deadline = trio.current_time() + timeout
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as n:
+                for c in list(self.connections):
+                    n.start_soon(c.wait_until, Connection.idle)
+        # A reply that a request in flight started ends now (it saw the stop
+        # as it went live: `inflight`), its finalize written before the close.
+        await store.abort_running("server shutdown")
         # The finalizes' own terminal updates (a reply that just ended `done`
         # included) go out first: they are published once durable.
-        with trio.move_on_after(timeout):
+        with trio.move_on_at(deadline):
             while store.publishing:
                 await trio.sleep(0.005)
         store.hub.end(None, "server shutdown")
+        async with trio.open_nursery() as n:
+            for c in list(self.connections):
+                n.start_soon(self._close, c, deadline, timeout)
+
+    @staticmethod
+    async def _close(conn: Connection, deadline: float, timeout: float) -> None:
+        """A close handshake (1001 "going away") once `conn` has sent what it
+        had queued, or at `deadline`: a client reads everything sent before
+        it, which an abrupt close of the socket does not promise."""
+        with trio.move_on_at(deadline):
+            await conn.wait_until(Connection.drained)
+        # No checkpoint from the check to the close frame (conn.close): no
+        # answer is queued in between, to be refused by the closing socket.
         with trio.move_on_after(timeout):
-            while not all(c.drained() for c in self.connections):
-                await trio.sleep(0.01)
-            # A close handshake (1001 "going away") after the last frames: a
-            # client reads everything sent before it, which an abrupt close of
-            # the socket does not promise.
-            async with trio.open_nursery() as n:
-                for c in list(self.connections):
-                    n.start_soon(c.ws.aclose, 1001, "server shutdown")
+            await conn.close(1001, "server shutdown")
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
