@@ -22,11 +22,12 @@ def root(tmp_path: Path) -> str:
     return str(tmp_path / "store")
 
 
-def child(code: str, *args: str) -> subprocess.Popen[str]:
-    """Start a Python child running `code` with the project on its path."""
+def child(code: str, *args: str, stdin: bool = False) -> subprocess.Popen[str]:
+    """Start a Python child running `code` with the project on its path
+    (`stdin`: with a pipe to its standard input)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, stdin=subprocess.PIPE if stdin else None, text=True, env=env)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,7 @@ from .errors import CorruptRecord as CorruptRecord
 from .errors import EventStoreError as EventStoreError
 from .errors import SessionlogError as SessionlogError
 from .errors import InvalidSessionId as InvalidSessionId
+from .errors import JournalUnapplied as JournalUnapplied
 from .errors import RecordTooLarge as RecordTooLarge
 from .errors import SessionExists as SessionExists
 from .errors import SessionReadOnly as SessionReadOnly

@@ -67,7 +67,7 @@ import trio
 from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
                      UnknownSession)
 from .events import Event, SessionDeleted
-from .fsio import HAVE_SYNCFS, OS_FILES, FileOps, lock_root
+from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps, lock_root
 from .journal import (SEGMENT_BYTES, Entry, JournalRecovery, apply_journal, birth, encode_frame, journal_dir,
                       born_of, log_born, segment_name)
 from .log import SESSIONS_DIR, log_path, read_log, scan, session_dir
@@ -183,11 +183,12 @@ class EventStore:
 
     def __init__(self, root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
                  max_open: int = MAX_OPEN_LOGS, journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> None:
-        if sync_mode == "syncfs" and not HAVE_SYNCFS:
-            raise ValueError("sync_mode='syncfs' needs Linux syncfs(2)")
+        if sync_mode == "syncfs" and not SYNCFS_REPORTS_ERRORS:
+            raise ValueError("sync_mode='syncfs' needs Linux 5.8 or newer (a syncfs(2) that reports "
+                             "writeback errors)")
         self.root = root
         self.fs = fs
-        self.sync_mode: SyncMode = sync_mode if HAVE_SYNCFS or sync_mode == "journal" else "fdatasync"
+        self.sync_mode: SyncMode = sync_mode if SYNCFS_REPORTS_ERRORS or sync_mode == "journal" else "fdatasync"
         self.journal = self.sync_mode == "journal"
         self.journal_sync_interval = journal_sync_interval
         self.journal_recovery = JournalRecovery()  # what opening the store re-applied
@@ -369,6 +370,14 @@ class EventStore:
         sess = self._session(session_id)
         if sess.written_seq < sess.last_seq:
             await self.flush()  # durable, and no line of it waits to be written
+        if self.journal and not sess.deleted and self._journaled.get(session_id, 0) > self._trimmed_upto:
+            # Removed without a tombstone (a damaged log) while the journal
+            # holds records of it: a marker tells recovery those records have
+            # no log to go to (without it a missing log is a disk not mounted).
+            batch = self._batch
+            batch.births.append(session_id)
+            self._wake.set()
+            await self._wait(batch)
         async with self._fd_lock:  # not while a worker thread uses the descriptors
             self._sessions.pop(session_id, None)
             self._devs.pop(session_id, None)
@@ -646,7 +655,7 @@ class EventStore:
 
     def _after_write(self, batches: list[_Batch], devs: set[int]) -> None:
         self._dirty_devs |= devs
-        if not HAVE_SYNCFS:
+        if not SYNCFS_REPORTS_ERRORS:
             for b in batches:
                 self._dirty_sids.update(b.lines)
         self._mark_written(batches)
@@ -820,11 +829,11 @@ class EventStore:
 
     def _sync_logs_sync(self, devs: set[int], sids: set[str]) -> None:
         fs = self.fs
-        if HAVE_SYNCFS:
+        if SYNCFS_REPORTS_ERRORS:  # on descriptors opened before the logs' first write: errors since are reported
             for dev in devs:
                 fs.syncfs(self._dev_fds[dev])
             return
-        for sid in sids:  # no syncfs: each written log  # pragma: no cover (Linux has syncfs)
+        for sid in sids:  # no syncfs that reports errors: each written log  # pragma: no cover (Linux >= 5.8)
             if sid in self._sessions:
                 fd = fs.open_append(log_path(self.root, sid))
                 try:

@@ -84,3 +84,11 @@ class StoreBroken(EventStoreError):
     """A write or fsync failed. The store accepts nothing more; restart it and it
     recovers from what is on disk. `__cause__` holds the OSError. A failed fsync
     is never retried: the kernel may have dropped the dirty pages already."""
+
+
+class JournalUnapplied(EventStoreError):
+    """A start cannot place acknowledged records the journal holds: a
+    journaled session's log is missing and its records do not end in its
+    deletion (the disk holding the sessions is not mounted, a folder is a
+    dangling symlink). The operator's to fix; nothing was changed and the
+    journal is kept, so a start after the fix loses nothing."""

@@ -10,12 +10,26 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import shutil
+import sys
 from typing import Final
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
 HAVE_SYNCFS: Final = _syncfs is not None
+
+
+def _linux_at_least(major: int, minor: int) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", os.uname().release) if sys.platform == "linux" else None
+    return m is not None and (int(m[1]), int(m[2])) >= (major, minor)
+
+
+# syncfs(2) reports a writeback error of its filesystem (one that happened
+# after the descriptor it is called on was opened) since Linux 5.8; before,
+# it returns 0 whatever writeback lost. Where it does not, the store syncs
+# each log it wrote through a descriptor of that log instead.
+SYNCFS_REPORTS_ERRORS: Final = HAVE_SYNCFS and _linux_at_least(5, 8)
 
 
 class FileOps:
@@ -62,6 +76,15 @@ class FileOps:
             if offset:
                 f.seek(offset)
             return f.read(size)
+
+    def kept_folder(self, path: str) -> str | None:
+        """Why a folder is never removed as an orphan: it is a symlink (its
+        target may be a disk not mounted yet) or a mount point; else None."""
+        if os.path.islink(path):
+            return f"a symlink to {os.readlink(path)}" + ("" if os.path.exists(path) else ", which is not there")
+        if os.path.ismount(path):
+            return "a mount point"
+        return None
 
     def size(self, path: str) -> int:
         return os.stat(path).st_size

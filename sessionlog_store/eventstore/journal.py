@@ -37,25 +37,39 @@ Invariants:
   (and, for a new segment, of the journal folder naming it).
 - The journal holds every record that may not yet be durable in its log: a
   segment is removed only after a syncfs that began after its records were
-  written to their logs has returned 0.
+  written to their logs has returned 0, on a descriptor opened before those
+  writes (Linux >= 5.8 reports a writeback error to every descriptor of the
+  filesystem opened before it; a descriptor opened after it hears nothing;
+  on older kernels, whose syncfs reports nothing, each log is fdatasynced).
 - Recovery (`apply_journal`, before anything reads a log or `index.json`):
-  read the segments in order, cutting each at its first bad frame (a torn
-  write of a frame nobody was told about; damage elsewhere is reported).
+  read the segments in order, cutting each at its first bad frame, and
+  check that each segment starts with the batch after the previous one's
+  last. Only a cut-short frame (its header, or less than its stated length)
+  or zeros at the very end of the last segment, with no good frame after,
+  is a torn write nobody was told about; a full-length frame whose checksum
+  fails, a missing segment, anything in the middle is damage.
   Per session, keep only the entries after its last birth marker and whose
   `born` matches the log's first line (a session deleted and created
   again under the same id: the old one's entries are not its own, even if a
-  damaged frame took the marker with it), check they form one chain (seq and offset), and make the log
-  hold exactly those bytes from the first entry's offset on: compare, and
-  from the first difference truncate and write the journal's bytes (torn,
-  zeroed or stale bytes past the synced part are replaced; repeating this
-  after a cut is safe, the journal is untouched until the end). Then sync
-  the touched logs, unlink the segments and fsync the folder. If anything
-  could not be applied (damage in the journal or in a log), the segments are
-  kept instead, moved to `journal-damaged-<n>/`, and reported.
-- A log that no longer exists is left alone (its session was deleted: the
-  removal of its folder is durable before that session can be created again,
-  and a re-creation under an id with entries still in the journal first
-  journals a birth marker).
+  damaged frame took the marker with it), check they form one chain (seq
+  and offset), and make the log hold exactly those bytes from the first
+  entry's offset on, *written by this start* even where the log reads back
+  equal: after a failed writeback the page cache keeps the page marked
+  clean, so a read shows bytes the disk never got (PostgreSQL's "fsyncgate").
+  Truncate at the first entry's offset, write the chain (and, where the log
+  matched all of it, the bytes after it, for the torn-tail repair), and
+  sync through descriptors opened before those writes; repeating this after
+  a cut is safe, the journal is untouched until the end. Only then unlink
+  the segments and fsync the folder; a sync error leaves the journal for the
+  next start. If anything could not be applied (damage in the journal or in
+  a log), the segments are kept instead, moved to `journal-damaged-<n>/`,
+  and reported.
+- A missing log is a deletion only when the session's journaled records end
+  in its tombstone, or a marker follows them: a birth marker (the id made
+  again) or the same marker written by `remove()` for a log removed without
+  a tombstone (a damaged one). Otherwise the sessions' disk is not there (not
+  mounted yet, a dangling symlink): the start changes nothing and refuses
+  (JournalUnapplied), keeping the journal.
 - Replay after a crash is bounded by the round's period: at 40,000
   records/s and 1 s, about 40,000 entries (8 MB).
 """
@@ -69,9 +83,12 @@ from typing import Final
 
 import msgspec
 
-from .fsio import HAVE_SYNCFS, FileOps
+from .errors import JournalUnapplied
+from .events import SessionDeleted
+from .fsio import SYNCFS_REPORTS_ERRORS, FileOps
 from .ids import is_valid_session_id
 from .log import log_path
+from .record import MAX_RECORD_BYTES, RecordError, decode_record
 
 JOURNAL_DIR: Final = "journal"
 SEGMENT_SUFFIX: Final = ".wal"
@@ -113,7 +130,6 @@ def born_of(first_line: bytes) -> int:
 
 def log_born(fs: FileOps, path: str) -> int | None:
     """born_of a log's first line; None if it has no whole first line."""
-    from .record import MAX_RECORD_BYTES
     size = 64 * 1024
     while True:
         head = fs.read_bytes(path, 0, size)
@@ -175,13 +191,14 @@ class JournalRecovery:
     """What applying the journal at startup did."""
     segments: int = 0
     frames: int = 0
-    records: int = 0               # records written back into logs
+    records: int = 0               # records written back into logs (the logs lacked them)
     sessions: list[str] = field(default_factory=list)   # logs that were missing journaled records
+    rewritten: int = 0             # logs whose journaled bytes this start wrote again and synced
     notes: list[str] = field(default_factory=list)      # torn frames, damage, what could not be applied
 
     def summary(self) -> str:
         return (f"journal: {self.frames} batches in {self.segments} segments, {self.records} records "
-                f"written back into {len(self.sessions)} logs")
+                f"written back into {len(self.sessions)} logs ({self.rewritten} logs rewritten and synced)")
 
 
 class _Chain:
@@ -193,7 +210,10 @@ class _Chain:
 
 def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
     """Bring every log up to the journal, make the logs durable, remove the
-    journal (sync: run it in a worker thread, with the root's lock held)."""
+    journal (sync: run it in a worker thread, with the root's lock held).
+
+    Raises JournalUnapplied, changing nothing, when a journaled session's log
+    is missing and its records do not end in its deletion (a disk not mounted)."""
     rep = JournalRecovery()
     segs, other = list_segments(fs, root)
     for name in other:
@@ -201,28 +221,9 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
     if not segs:
         return rep
     rep.segments = len(segs)
-    chains: dict[str, _Chain] = {}
-    damaged = False
-    for i, (first, path) in enumerate(segs):
-        data = fs.read_bytes(path)
-        frames, end, why = decode_frames(data, first)
-        if why is not None:
-            # A torn last write has nothing after it; anything else is damage
-            # (the frames after it were acknowledged and are lost here).
-            torn = i == len(segs) - 1 and _only_torn(data, end)
-            damaged = damaged or not torn
-            rep.notes.append(f"journal: {os.path.basename(path)}: {why} at byte {end}"
-                             + (" (a torn last write: nothing in it was acknowledged)" if torn else
-                                " (damage: the records after it in this segment are lost)"))
-        for _, entries in frames:
-            rep.frames += 1
-            for e in entries:
-                if e[2] == _BIRTH:
-                    chains.pop(e[0], None)
-                    chains[e[0]] = _Chain()
-                else:
-                    chains.setdefault(e[0], _Chain()).entries.append(e)
-    touched: list[str] = []
+    chains, damaged = _read_segments(fs, segs, rep)
+    plans: list[tuple[str, str, list[Entry]]] = []
+    missing: list[str] = []
     for sid, chain in chains.items():
         if not chain.entries:
             continue
@@ -231,7 +232,9 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
             continue
         path = log_path(root, sid)
         if not fs.exists(path):
-            continue  # deleted (see the header)
+            if not _ends_deleted(chain.entries[-1]):
+                missing.append(path)
+            continue  # deleted: its tombstone is its last journaled record (see the header)
         born = log_born(fs, path)
         if born is None:
             rep.notes.append(f"journal: the log of {sid} has no readable first record; its "
@@ -239,16 +242,25 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
             damaged = True
             continue
         mine = [e for e in chain.entries if e[4] == born]
-        if not mine:
-            continue  # an earlier session of this id (deleted)
-        notes = len(rep.notes)
-        n = _apply_chain(fs, path, sid, mine, rep)
-        damaged = damaged or len(rep.notes) > notes
-        touched.append(path)
-        if n:
-            rep.records += n
-            rep.sessions.append(sid)
-    _sync_logs(fs, touched)
+        if mine:  # (none: the entries are an earlier session's of this id, deleted)
+            plans.append((sid, path, mine))
+    if missing:
+        raise JournalUnapplied(
+            f"the journal holds acknowledged records of {len(missing)} session(s) whose log is missing "
+            f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}): is the disk holding them "
+            f"mounted? Nothing was changed; the journal is kept for the next start")
+    sync = _LogSync(fs)
+    try:
+        for sid, path, mine in plans:
+            notes = len(rep.notes)
+            n = _apply_chain(fs, path, sid, mine, rep, sync)
+            damaged = damaged or len(rep.notes) > notes
+            if n:
+                rep.records += n
+                rep.sessions.append(sid)
+        sync.sync()  # raises on any writeback error since before the first write: the journal stays
+    finally:
+        sync.close()
     if damaged:
         keep = _keep_damaged(fs, root, segs)
         rep.notes.append(f"journal: kept in {keep} (something in it could not be applied)")
@@ -259,18 +271,86 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
     return rep
 
 
-def _only_torn(data: bytes, end: int) -> bool:
-    """No good frame after `end`: a torn last write (or zeros), not a bad frame
-    followed by good ones. (The magic alone may be in a frame's payload.)"""
+def _read_segments(fs: FileOps, segs: list[tuple[int, str]], rep: JournalRecovery) -> tuple[dict[str, _Chain], bool]:
+    """Each session's journaled entries after its last birth marker, in order;
+    and whether anything acknowledged may be lost (damage, a missing segment)."""
+    chains: dict[str, _Chain] = {}
+    damaged = False
+    want: int | None = None  # the batch number the next segment must start with
+    for i, (first, path) in enumerate(segs):
+        name = os.path.basename(path)
+        if want is not None and first != want:
+            damaged = True
+            rep.notes.append(f"journal: {name}: starts at batch {first} where {want} was expected "
+                             f"(damage: batches {want} to {first - 1} are missing, a segment is gone)")
+        data = fs.read_bytes(path)
+        frames, end, why = decode_frames(data, first)
+        if why is not None:
+            # A torn last write has nothing after it; anything else is damage
+            # (the frames after it were acknowledged and are lost here).
+            torn = i == len(segs) - 1 and _torn_tail(data, end, first + len(frames))
+            damaged = damaged or not torn
+            rep.notes.append(f"journal: {name}: {why} at byte {end}"
+                             + (" (a torn last write: nothing in it was acknowledged)" if torn else
+                                " (damage: the records after it in this segment are lost)"))
+            want = None  # (frames are lost: where the next segment starts cannot be checked)
+        else:
+            want = first + len(frames)
+        for _, entries in frames:
+            rep.frames += 1
+            for e in entries:
+                if e[2] == _BIRTH:
+                    chains.pop(e[0], None)
+                    chains[e[0]] = _Chain()
+                else:
+                    chains.setdefault(e[0], _Chain()).entries.append(e)
+    return chains, damaged
+
+
+def _ends_deleted(last: Entry) -> bool:
+    """Do a session's journaled records end in its tombstone (its log removed
+    after it was durable)?"""
+    lines = last[3].rstrip(b"\n")
+    try:
+        rec = decode_record(lines[lines.rfind(b"\n") + 1:])
+    except RecordError:
+        return False
+    return isinstance(rec.event, SessionDeleted)
+
+
+def _torn_tail(data: bytes, end: int, want: int) -> bool:
+    """Is what follows the last good frame a torn last write (nothing in it was
+    acknowledged)? Only a frame cut short (its header, or fewer bytes than its
+    stated length) or zeros (a size that went durable before the data), with
+    no good frame after it. A frame whose stated length is all there but whose
+    checksum fails is ambiguous (a flipped bit in an acknowledged frame): damage."""
+    rest = len(data) - end
+    if data.count(0, end) == rest:
+        return True
+    if rest >= _HEADER.size:
+        magic, _, length, _ = _HEADER.unpack_from(data, end)
+        if magic != _MAGIC or rest - _HEADER.size >= length:
+            return False
+    return not _good_frame_after(data, end, want)
+
+
+def _good_frame_after(data: bytes, end: int, want: int) -> bool:
+    """Is there a whole frame with a good checksum after `end` (batch `want`
+    or a later one)? The magic alone may be in a payload: a candidate's batch
+    number and stated length are checked before its checksum, on a view, so
+    a payload full of magics costs one pass, not one per magic."""
+    view = memoryview(data)
+    most = want + (len(data) - end) // _HEADER.size
     pos = data.find(_MAGIC, end + 1)
     while pos >= 0:
         if len(data) - pos >= _HEADER.size:
-            _, _, length, crc = _HEADER.unpack_from(data, pos)
-            body = data[pos + _HEADER.size: pos + _HEADER.size + length]
-            if len(body) == length and zlib.crc32(body) == crc:
-                return False
+            _, no, length, crc = _HEADER.unpack_from(data, pos)
+            body = pos + _HEADER.size
+            if (want <= no <= most and body + length <= len(data)
+                    and zlib.crc32(view[body: body + length]) == crc):
+                return True
         pos = data.find(_MAGIC, pos + 1)
-    return True
+    return False
 
 
 def _keep_damaged(fs: FileOps, root: str, segs: list[tuple[int, str]]) -> str:
@@ -286,9 +366,17 @@ def _keep_damaged(fs: FileOps, root: str, segs: list[tuple[int, str]]) -> str:
     return folder
 
 
-def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: JournalRecovery) -> int:
-    """Make the log hold the chain's bytes from its first offset; the number of
-    records written."""
+def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: JournalRecovery,
+                 sync: _LogSync) -> int:
+    """Make the log hold the chain's bytes from its first offset, written by
+    this start whether or not the log seems to hold them already; the number
+    of records the log lacked.
+
+    Why write what reads back equal: after a failed writeback the kernel
+    keeps the page, marked clean, so a read returns the bytes that never
+    reached the disk; and the error is reported once, to a descriptor that
+    was open when it happened. Only bytes written and synced by this process,
+    through descriptors opened before the writes, are known to be on disk."""
     size = fs.size(path)
     first = entries[0][2]
     if size < first:
@@ -308,51 +396,62 @@ def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: Jo
                              f"lost (damage in the journal)")
             break
         run.append(e)
-    written = 0
-    cut: int | None = None
-    fd: int | None = None
+    journaled = b"".join(e[3] for e in run)
+    have = fs.read_bytes(path, first)
+    lacked = 0
+    pos = 0
+    for e in run:
+        n = len(e[3])
+        if lacked or have[pos: pos + n] != e[3]:
+            lacked += e[3].count(b"\n")
+        pos += n
+    # Bytes past the journal's last record, if the log matched up to it, were
+    # never acknowledged: written back as they were, for the log's own
+    # torn-tail repair; after a difference they go (as a torn tail would).
+    after = have[len(journaled):] if not lacked else b""
+    sync.watch(os.path.dirname(path))
+    fs.truncate(path, first)
+    fd = fs.open_append(path)
     try:
-        for e in run:
-            if cut is None:
-                if e[2] + len(e[3]) <= size and fs.read_bytes(path, e[2], len(e[3])) == e[3]:
-                    continue
-                cut = e[2]
-                fs.truncate(path, cut)
-                fd = fs.open_append(path)
-            assert fd is not None
-            fs.write(fd, e[3])
-            written += e[3].count(b"\n")
-        # Bytes past the journal's last record (if the log matched up to it)
-        # were never acknowledged: the log's own torn-tail repair handles them.
+        fs.write(fd, journaled + after)
+        sync.written(fd)
     finally:
-        if fd is not None:
-            fs.close(fd)
-    return written
+        fs.close(fd)
+    rep.rewritten += 1
+    return lacked
 
 
-def _sync_logs(fs: FileOps, paths: list[str]) -> None:
-    """Make the touched logs durable: one syncfs per filesystem (or an fsync a file)."""
-    if not paths:
-        return
-    if not HAVE_SYNCFS:
-        for path in paths:
-            fd = fs.open_append(path)
-            try:
-                fs.fsync(fd)
-            finally:
-                fs.close(fd)
-        return
-    by_dev: dict[int, int] = {}
-    try:
-        for path in paths:
-            fd = fs.open_append(path)
-            dev = fs.device(fd)
-            if dev in by_dev:
-                fs.close(fd)
-            else:
-                by_dev[dev] = fd
-        for fd in by_dev.values():
-            fs.syncfs(fd)
-    finally:
-        for fd in by_dev.values():
-            fs.close(fd)
+class _LogSync:
+    """Makes the logs apply_journal writes durable, and hears of any writeback
+    error of those writes: with one syncfs per filesystem on a folder
+    descriptor opened before the first write there (Linux >= 5.8 reports an
+    error to every descriptor opened before it), else an fsync of each log
+    through the descriptor that wrote it."""
+
+    def __init__(self, fs: FileOps) -> None:
+        self.fs = fs
+        self.dev_fds: dict[int, int] = {}
+
+    def watch(self, folder: str) -> None:
+        """Before a write into `folder`'s filesystem."""
+        if not SYNCFS_REPORTS_ERRORS:
+            return
+        fd = self.fs.open_dir(folder)
+        dev = self.fs.device(fd)
+        if dev in self.dev_fds:
+            self.fs.close(fd)
+        else:
+            self.dev_fds[dev] = fd
+
+    def written(self, fd: int) -> None:
+        if not SYNCFS_REPORTS_ERRORS:
+            self.fs.fsync(fd)
+
+    def sync(self) -> None:
+        for fd in self.dev_fds.values():
+            self.fs.syncfs(fd)
+
+    def close(self) -> None:
+        for fd in self.dev_fds.values():
+            self.fs.close(fd)
+        self.dev_fds.clear()

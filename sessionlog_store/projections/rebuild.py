@@ -19,7 +19,7 @@ from sessionlog_store.eventstore.events import SessionCreated
 from sessionlog_store.eventstore.fsio import FileOps
 from sessionlog_store.eventstore.journal import list_segments
 from sessionlog_store.eventstore.ids import validate_session_id
-from sessionlog_store.eventstore.log import LOG_NAME, log_path, project_log_path, read_log, scan, session_folders
+from sessionlog_store.eventstore.log import LOG_NAME, log_path, project_log_path, read_log, scan, session_dir, session_folders
 
 from .checkpoint import (IndexCheckpoint, SessionEntry, SessionSnapshot, encode_index, encode_snapshot,
                          index_path, read_index, read_snapshot, snapshot_is_older_format, snapshot_path,
@@ -86,7 +86,9 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
     entries = ckpt.sessions if ckpt is not None else {}
     ids, orphans = session_folders(fs, root)
     for sid in orphans:
-        problems.append(Problem(sid, None, f"orphan folder: no {LOG_NAME} in sessions/{sid}/"))
+        kept = fs.kept_folder(session_dir(root, sid))
+        problems.append(Problem(sid, None, f"orphan folder: no {LOG_NAME} in sessions/{sid}/"
+                                + (f", which is {kept} (is its disk mounted?)" if kept else "")))
     if fs.exists(index_path(root) + ".tmp"):
         problems.append(Problem("index.json.tmp", None, "a left-over temp file (the next start removes it)"))
     for name in sorted(fs.listdir(root)):

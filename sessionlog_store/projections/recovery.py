@@ -38,7 +38,8 @@ two are ever removed:
 Left-over temp files (`*.tmp` of an interrupted checkpoint write) are removed,
 and session folders without a log that hold only temp files are removed too;
 any other orphan folder (a snapshot without its log included) is reported
-and kept. Session snapshots follow the
+and kept, and so is one that is a symlink or a mount point, whatever it
+holds (a disk not mounted yet: its logs come back when it is). Session snapshots follow the
 same rules one level down (`load_session_state`).
 """
 from __future__ import annotations
@@ -222,7 +223,11 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
             progress(i + 1, len(ids))
     for sid in orphans:
         folder = session_dir(root, sid)
-        if _only_caches(fs, folder, orphan=True):
+        kept = fs.kept_folder(folder)
+        if kept is not None:  # never removed: its disk may not be mounted yet
+            report.orphans.append(f"{sid}: a session folder without {LOG_NAME} that is {kept} (kept: "
+                                  f"is the disk holding it mounted?)")
+        elif _only_caches(fs, folder, orphan=True):
             if repair:
                 _remove_folder(fs, folder)
                 report.temp_files.append(folder)
