@@ -208,3 +208,26 @@ def test_a_public_url_is_compared_as_browsers_send_it():
     from sessionlog_store.server.edge.ws import _public_netloc
     assert _public_netloc("https://Chat.Example.com:443/chat") == "chat.example.com"
     assert _public_netloc("http://chat.example.com:8080/") == "chat.example.com:8080"
+
+
+@pytest.mark.parametrize("args", [["serve", "--port", "0", "--backend", "nats://127.0.0.1:4222"],
+                                  ["verify", "--backend", "nats://127.0.0.1:4222"],
+                                  ["migrate", "--from", "ROOT", "--to", "nats://127.0.0.1:4222"]])
+def test_the_nats_backend_without_its_extra_is_one_line_naming_the_extra(tmp_path, args):
+    """(issue 24, item 9) Without nats-py installed (hidden from the child as
+    an uninstalled package is: `sys.modules['nats'] = None` makes find_spec
+    answer None), a nats:// backend is one line and exit 3, not a traceback."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+    args = [str(tmp_path) if a == "ROOT" else a for a in args]
+    code = ("import sys; sys.modules['nats'] = None\n"
+            "from sessionlog_store.server.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, *args, "--root", str(tmp_path)] if args[0] != "migrate"
+                       else [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 3, r
+    [line] = r.stderr.strip().splitlines()
+    assert "pip install 'sessionlog-store[nats]'" in line and "Traceback" not in r.stderr, line

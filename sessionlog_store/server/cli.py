@@ -66,8 +66,17 @@ class CannotRun(Exception):
     """The command cannot run here (exit code EXIT_CANNOT)."""
 
 
+def _need_nats() -> None:
+    """The JetStream backend's client is an extra: say which, not a traceback."""
+    import importlib.util
+    if importlib.util.find_spec("nats") is None:
+        raise CannotRun("the JetStream backend (nats://) needs the nats extra, which is not installed: "
+                        "pip install 'sessionlog-store[nats]'")
+
+
 def _target(args: argparse.Namespace, servers: tuple[str, ...]) -> StreamTarget:
     from sessionlog_store.server.migrate import StreamTarget
+    _need_nats()
     return StreamTarget(servers, stream=args.nats_stream, replicas=args.nats_replicas)
 
 
@@ -124,6 +133,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         src, dst = stream(args.source), stream(args.target)
     except argparse.ArgumentTypeError as e:
         raise CannotRun(str(e)) from None
+    if src or dst:
+        _need_nats()
     if bool(src) == bool(dst):
         raise CannotRun("migrate copies between a data root and a stream: one of --from and --to must be "
                         "nats://HOST:PORT[,...], the other a directory")
@@ -188,6 +199,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sessionlog_store.server.domain.store import StoreConfig
     from sessionlog_store.server.run import run_server
     if args.backend:
+        _need_nats()
         check_nats_servers(args)
     return run_server(args, store_config=StoreConfig(
         backend=args.backend, stream=args.nats_stream, replicas=args.nats_replicas, lease_ttl=args.lease_ttl,
