@@ -292,13 +292,13 @@ async def test_limits_refuse_with_stable_codes_change_nothing_and_are_counted(ro
             await alice.wait_for(lambda f: f["type"] == "error" and f["data"]["code"] == "frame_too_large")
         # alice floods; bob, at his own pace, is answered every time
         await trio.sleep(2.5)  # buckets full again
-        for _ in range(40):
-            await alice.ws.send_message(json.dumps({"action": "list_running"}))
+        for i in range(40):
+            await alice.ws.send_message(json.dumps({"action": "list_running", "request_id": f"flood-{i}"}))
         for i in range(5):
             await bob.request("list_running")
         with trio.fail_after(15):
-            await alice.wait_for(lambda f: f["type"] == "error" and f["data"]["code"] == "rate_limited")
-        assert (await error_of(alice, "list_running"))["code"] == "rate_limited", "answered, by request_id"
+            refused = await alice.wait_for(lambda f: f["type"] == "error" and f["data"]["code"] == "rate_limited")
+        assert refused["data"]["request_id"].startswith("flood-"), "answered, by request_id"
     text = server.metrics.render().decode()
     for reason in ("limit_running", "limit_sessions", "frame_too_large", "rate_limited"):
         line = next(ln for ln in text.splitlines() if ln.startswith(f'sessionlog_refusals_total{{reason="{reason}"}}'))
@@ -460,14 +460,49 @@ async def test_limits_hold_across_connections_reconnects_and_races(root, nursery
             await a1.ws.send_message(json.dumps({"action": "list_running", "pad": "x" * 600}))
         with trio.fail_after(10):
             await a1.wait_for(lambda f: f["type"] == "error" and f["data"]["code"] == "rate_limited")
-    async with user(server, "alice") as again:  # a new connection brings no fresh burst (of 3)
+    async with user(server, "alice") as again:  # a new connection brings no fresh burst (of 3)...
         for i in range(4):
             await again.ws.send_message(json.dumps({"action": "list_running", "request_id": 100 + i}))
         with trio.fail_after(15):
             while len([f for f in again.pushes if f.get("request_id") in range(100, 104)]) < 4:
                 await trio.sleep(0.05)
         answers = [f for f in again.pushes if f.get("request_id") in range(100, 104)]
-        assert sum(f["type"] == "error" and f["data"]["code"] == "rate_limited" for f in answers) >= 2, answers
+        # ...nor a fresh refusal: a fresh bucket of 3 would have refused the 4th
+        # frame; alice, told already and still over her rate, is read at it
+        assert [f["type"] for f in answers] == ["running_list"] * 4, answers
+
+
+async def test_a_flood_is_refused_once_and_then_read_at_the_rate(root, nursery, tmp_path):
+    """40 frames at once, burst 10: the first frame past the burst is answered
+    `rate_limited`, and every later one waits for its token and is handled
+    (not every other one refused). Each frame takes a token, so the last
+    answer cannot come before (40 - 10) / rate seconds: a lower bound that
+    load only makes longer."""
+    rate, burst, n = 20.0, 10, 40
+    server = await start_users(nursery, root, tmp_path, limits=Limits(frames_per_second=rate, burst=burst))
+    async with user(server, "alice") as alice:
+        began = trio.current_time()
+        for i in range(n):
+            await alice.ws.send_message(json.dumps({"action": "list_running", "request_id": i}))
+        with trio.fail_after(30):
+            while len([f for f in alice.pushes if isinstance(f.get("request_id"), int)]) < n:
+                await trio.sleep(0.02)
+        took = trio.current_time() - began
+        answers = [f for f in alice.pushes if isinstance(f.get("request_id"), int)]
+        assert [f["request_id"] for f in answers] == list(range(n)), "answered in the order sent"
+        refused = [f["request_id"] for f in answers if f["type"] == "error"]
+        assert len(refused) == 1 and refused[0] >= burst, refused
+        assert answers[refused[0]]["data"]["code"] == "rate_limited"
+        assert all(f["type"] == "running_list" for f in answers if f["request_id"] != refused[0])
+        assert took >= (n - burst - 1) / rate, took
+        # a second wave while still over the rate: read at the rate, not told again
+        for i in range(n, n + 5):
+            await alice.ws.send_message(json.dumps({"action": "list_running", "request_id": i}))
+        with trio.fail_after(30):
+            while len([f for f in alice.pushes if isinstance(f.get("request_id"), int)]) < n + 5:
+                await trio.sleep(0.02)
+        assert [f["type"] for f in alice.pushes if isinstance(f.get("request_id"), int)][n:] == ["running_list"] * 5
+    assert server.quotas.refused["rate_limited"] == 1
 
 
 def test_the_registry_cap_is_per_owner():

@@ -253,7 +253,9 @@ class Connection:
             n = len(frame)  # a str's UTF-8 is at most 4 bytes a character: encode only what may be over
             size = n if isinstance(frame, bytes) or 4 * n <= quotas.limits.frame_bytes \
                 else len(frame.encode("utf-8", "surrogatepass"))
-            refused = quotas.check_frame(user, size, trio.current_time())
+            refused, wait = quotas.check_frame(user, size, trio.current_time())
+            if wait and (refused is None or refused.code != "rate_limited"):
+                await trio.sleep(wait)  # over its rate, told already: the frame waits for its token
             if refused is not None:  # not handled: a refused frame costs us next to nothing
                 # (a small one's head is read to answer it by its request_id)
                 action, rid = p.peek(frame) if refused.code == "rate_limited" and size <= PEEK_BYTES else (None, None)

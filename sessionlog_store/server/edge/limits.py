@@ -4,6 +4,12 @@ connections) and bytes per frame. Each refusal has a stable error code and
 is counted (`sessionlog_refusals_total{reason}`). Pure bookkeeping: the
 connection asks, and sleeps when told to (so a flooding client is read
 slower, and costs the loop no more than its rate).
+
+The rate, as docs/SECURITY.md promises it: a user beyond its burst is
+answered `rate_limited` once (that frame is not handled), and from then on
+its frames are read no faster than its rate: each waits for its token
+instead of being refused. It is told again only after its bucket has
+refilled (it stayed under its rate for burst/rate seconds).
 """
 from __future__ import annotations
 
@@ -39,21 +45,29 @@ MULTI_USER: Final = Limits(sessions=1000, running=4, frames_per_second=20.0, bur
 
 
 class Bucket:
-    """A token bucket: `rate` tokens a second, up to `burst` saved."""
-    __slots__ = ("rate", "burst", "tokens", "at")
+    """A token bucket: `rate` tokens a second, up to `burst` saved. Every
+    frame takes a token; one that finds none takes it on credit (the bucket
+    goes below zero) and waits until it has been earned, except the first
+    such frame since the bucket was last full, which is refused (`told`)."""
+    __slots__ = ("rate", "burst", "tokens", "at", "told")
 
     def __init__(self, rate: float, burst: int, now: float) -> None:
         self.rate, self.burst = rate, float(burst or max(1, int(2 * rate)))
         self.tokens, self.at = self.burst, now
+        self.told = False  # refused once since the bucket was last full
 
-    def take(self, now: float) -> float:
-        """Take one token: 0.0 if there was one, else the seconds until there is."""
+    def take(self, now: float) -> tuple[float, bool]:
+        """Take one token: (seconds until it has been earned, 0.0 if it was
+        there; whether this frame is the one refused)."""
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate
+        if self.tokens >= self.burst:
+            self.told = False  # back under its rate: a new flood is told again
+        self.tokens -= 1.0
+        if self.tokens >= 0.0:
+            return 0.0, False
+        refused, self.told = not self.told, True
+        return -self.tokens / self.rate, refused
 
 
 class Quotas:
@@ -90,22 +104,26 @@ class Quotas:
         if self._connections[user] <= 0:
             del self._connections[user]
 
-    def check_frame(self, user: str, size: int, now: float) -> ServiceError | None:
-        """Why a frame of `size` bytes from `user` is refused, or None. Over
-        its rate, the user's next read waits (`read_pause`)."""
+    def check_frame(self, user: str, size: int, now: float) -> tuple[ServiceError | None, float]:
+        """Why a frame of `size` bytes from `user` is refused (or None), and
+        how long it waits for its token first (0.0: none; a refused
+        `rate_limited` frame is answered at once, and the user's next read
+        waits instead: `read_pause`)."""
         lim = self.limits
+        wait = 0.0
         if lim.frames_per_second > 0:  # every frame takes a token, a too large one too
             bucket = self._buckets.get(user)
             if bucket is None:
                 bucket = self._buckets[user] = Bucket(lim.frames_per_second, lim.burst, now)
-            wait = bucket.take(now)
-            if wait:
-                self._resume_at[user] = now + wait
+            wait, refused = bucket.take(now)
+            if wait:  # none of the user's connections is read before this token is earned
+                self._resume_at[user] = max(self._resume_at.get(user, now), now + wait)
+            if refused:
                 return self.refuse("rate_limited", f"more than {lim.frames_per_second:g} frames a second; "
-                                   "this one was not handled, slow down")
+                                   "this one was not handled, and your next frames are read at that rate"), wait
         if size > lim.frame_bytes:
-            return self.refuse("frame_too_large", f"a frame may have at most {lim.frame_bytes} bytes")
-        return None
+            return self.refuse("frame_too_large", f"a frame may have at most {lim.frame_bytes} bytes"), wait
+        return None, wait
 
     def read_pause(self, user: str, now: float) -> float:
         """How long any connection of `user` waits before reading its next frame."""
