@@ -262,9 +262,13 @@ async def test_a_client_that_stops_reading_is_dropped_while_others_stream_on(roo
     with trio.fail_after(60):
         async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False,
                                   message_queue_size=1) as stalled:
-            # Ask for megabytes and never read them.
-            for i in range(300):
-                await stalled.send_message('{"action": "list_sessions", "include_archived": true}')
+            # Ask for megabytes and never read them. On a busy machine the server
+            # may drop it (its send timeout passed) before it has asked 300 times.
+            try:
+                for i in range(300):
+                    await stalled.send_message('{"action": "list_sessions", "include_archived": true}')
+            except ConnectionClosed:
+                pass
             async with server.client() as live:
                 ack = await live.request("chat", content="keep streaming to me")
                 sid, rid = ack["session_id"], ack["reply_id"]
