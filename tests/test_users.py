@@ -172,6 +172,51 @@ async def test_the_owner_is_in_the_log_and_old_logs_belong_to_the_single_user(ro
         n.cancel_scope.cancel()
 
 
+async def test_an_admins_read_of_another_users_session_follows_nothing_unlogged(root, nursery, tmp_path, caplog):
+    """An admin's `load_session` of someone else's session is one read: no
+    `message_created` or `head_moved` of it follows. A `subscribe_msg` is a
+    follow of one message, logged when it starts and when it ends."""
+    server = await start_users(nursery, root, tmp_path)
+    caplog.set_level(logging.WARNING, logger="sessionlog.audit")
+
+    def audited(word: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "sessionlog.audit" and word in r.getMessage()]
+    async with user(server, "alice") as alice, user(server, "carol", record=True) as carol:
+        first = await alice.request("chat", content="ALICE-FIRST")
+        sid = first["session_id"]
+        await alice.follow(sid)
+        loaded = await carol.request("load_session", session_id=sid)
+        assert loaded["session"]["id"] == sid and len(audited(sid)) == 1
+        second = await alice.request("chat", session_id=sid, content="ALICE-SECOND")
+        await alice.request("subscribe_msg", session_id=sid, msg_id=second["reply_id"], offset=0)
+        with trio.fail_after(30):
+            await alice.wait_done(sid, second["reply_id"])
+        retried = await alice.request("retry", session_id=sid, msg_id=second["reply_id"])
+        with trio.fail_after(30):
+            await alice.wait_for(lambda f: f["type"] == "head_moved")
+        await carol.request("create_session")  # her own: not logged; any push of alice's came before its answer
+        assert carol.frames is not None
+        assert not [f for f in carol.frames if "ALICE-SECOND" in f or '"message_created"' in f
+                    or '"head_moved"' in f], "an admin's load watches nothing"
+        assert len(audited(sid)) == 1, "one read, one line"
+        # a follow of one message: its start and its end are logged
+        reply = retried["reply_id"]
+        await carol.request("subscribe_msg", session_id=sid, msg_id=reply, offset=0)
+        with trio.fail_after(30):
+            assert await carol.wait_done(sid, reply) == "done"
+        lines = audited(f"message {reply}")
+        assert len(lines) == 2 and lines[0].endswith(f"of user 'alice'") and lines[1].endswith("ended"), lines
+        await carol.request("subscribe_msg", session_id=sid, msg_id=second["reply_id"], offset=0)  # ended already
+        assert [line.endswith("ended") for line in audited(f"message {second['reply_id']}")] == [False, True]
+    # the admin's own sessions are watched as anyone's
+    async with user(server, "carol", record=True) as carol:
+        mine = (await carol.request("chat", content="carol's own"))["session_id"]
+        await carol.request("load_session", session_id=mine)
+        await carol.request("chat", session_id=mine, content="again")
+        await carol.request("create_session")
+        assert carol.frames is not None and any('"message_created"' in f for f in carol.frames)
+
+
 # -- no frame carries another user's bytes -----------------------------------
 
 ACTIONS = st.sampled_from(["chat_new", "chat_again", "rename", "archive", "pin", "delete", "project",

@@ -104,6 +104,7 @@ class Subscription:
         self.closed = False
         self._sink: Sink | None = None
         self._send, self._recv = trio.open_memory_channel[MsgUpdate](SUBSCRIBER_QUEUE)
+        self._on_close: list[Callable[[], None]] = []
 
     def attach(self, sink: Sink) -> None:
         """From now on hand each update to `sink` (what is queued first)."""
@@ -148,10 +149,23 @@ class Subscription:
         if update.status in ("done", "error", "aborted"):
             self.close()
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call `fn` once when the subscription ends, however it ends (a
+        terminal update, closed by its subscriber, dropped, the session
+        gone); at once if it has ended already."""
+        if self.closed:
+            fn()
+        else:
+            self._on_close.append(fn)
+
     def close(self) -> None:
+        first = not self.closed
         self.closed = True
         self.hub._remove(self)
         self._send.close()
+        if first:
+            for fn in self._on_close:
+                fn()
 
     def __aiter__(self) -> AsyncIterator[MsgUpdate]:
         return self._recv.__aiter__()

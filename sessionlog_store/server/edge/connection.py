@@ -342,16 +342,17 @@ class Connection:
                                              project_id=r.project_id)
                 self.reply("session_created", {"session": store.get_row(meta.id)}, rid)
             case p.LoadSession(session_id=sid, msg_id=through):
-                self.readable(sid, "load_session")
+                meta = self.readable(sid, "load_session")
                 state = await store.load_session(sid)
                 head = None
                 if through is not None:
                     if through not in state.messages:
                         raise NotFound("unknown_message", f"unknown message {through!r}")
                     head = state.leaf_of(through)
-                if len(self.watching) >= MAX_SUBSCRIPTIONS:
-                    self.watching.pop()
-                self.watching.add(sid)
+                if meta.owner == user:  # an admin's read of another's session is one read: it watches nothing
+                    if len(self.watching) >= MAX_SUBSCRIPTIONS:
+                        self.watching.pop()
+                    self.watching.add(sid)
                 self.reply("session_loaded", self.session_payload(sid, state, head), rid)
             case p.SwitchBranch(session_id=sid, msg_id=mid):
                 self.own(sid)
@@ -363,8 +364,12 @@ class Connection:
             case p.Chat() as r:
                 await self.chat(r)
             case p.SubscribeMsg() as r:
-                self.readable(r.session_id, "subscribe_msg")
-                await self.subscribe(r)
+                meta = self.readable(r.session_id, f"subscribe_msg of message {r.msg_id}")
+                sub = await self.subscribe(r)
+                if meta.owner != user:  # an admin's follow of another's message: its end is logged too
+                    sub.on_close(lambda: audit.warning(
+                        "admin %r: subscribe_msg of message %s of session %s of user %r ended", user, r.msg_id,
+                        r.session_id, meta.owner, extra={"remote": self.remote}))
             case p.UnsubscribeMsg(session_id=sid, msg_id=mid):
                 validate_session_id(sid)
                 old = self.subs.pop((sid, mid), None)
@@ -473,7 +478,7 @@ class Connection:
             raise
         self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
 
-    async def subscribe(self, r: p.SubscribeMsg) -> None:
+    async def subscribe(self, r: p.SubscribeMsg) -> Subscription:
         key = (r.session_id, r.msg_id)
         if key not in self.subs and len(self.subs) >= MAX_SUBSCRIPTIONS:
             raise ServiceError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
@@ -487,6 +492,7 @@ class Connection:
         self.subs[key] = sub
         self.reply("subscribed", {"session_id": r.session_id, "msg_id": r.msg_id}, r.request_id)
         sub.attach(self.deliver)  # no await since subscribe: nothing was published in between
+        return sub
 
     def close_subscriptions(self) -> None:
         for sub in list(self.subs.values()):
