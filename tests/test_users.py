@@ -217,6 +217,33 @@ async def test_an_admins_read_of_another_users_session_follows_nothing_unlogged(
         assert carol.frames is not None and any('"message_created"' in f for f in carol.frames)
 
 
+async def test_an_admins_rows_say_whose_each_session_is_and_a_users_do_not(root, nursery, tmp_path):
+    server = await start_users(nursery, root, tmp_path, speed=5.0)  # alice's reply runs throughout
+    async with user(server, "alice") as alice, user(server, "bob") as bob, user(server, "carol") as carol:
+        rev = (await carol.request("list_sessions"))["rev"]
+        a = (await alice.request("chat", content="alice asks"))["session_id"]
+        b = (await bob.request("create_session", title="bob's"))["session"]["id"]
+        own = await carol.request("create_session", title="carol's")
+        assert own["session"]["owner"] == "carol"
+        rows = (await carol.request("list_sessions"))["rows"]
+        assert {r["id"]: r["owner"] for r in rows} == {a: "alice", b: "bob", own["session"]["id"]: "carol"}
+        assert [r["id"] for r in (await carol.request("list_sessions", filters={"owner": "bob"}))["rows"]] == [b]
+        assert (await carol.request("load_session", session_id=a))["session"]["owner"] == "alice"
+        assert {r["session_id"]: r["owner"] for r in (await carol.request("list_running"))["running"]} == {a: "alice"}
+        changes = (await carol.request("list_sessions", since=rev))["changes"]
+        created = {c["data"]["session"]["id"]: c["data"] for c in changes if c["type"] == "session_created"}
+        assert {sid: (d["owner"], d["session"]["owner"]) for sid, d in created.items()} == \
+            {a: ("alice", "alice"), b: ("bob", "bob"), own["session"]["id"]: ("carol", "carol")}
+        assert all(c["data"]["owner"] for c in changes), changes
+        # a user's rows, answers and pushes do not carry it: they are all its own
+        mine = await alice.request("list_sessions", since=rev)
+        assert mine["changes"] and not any("owner" in c["data"] or "owner" in c["data"].get("session", {})
+                                           for c in mine["changes"])
+        assert "owner" not in (await alice.request("list_sessions"))["rows"][0]
+        assert "owner" not in (await alice.request("load_session", session_id=a))["session"]
+        assert all("owner" not in r for r in (await alice.request("list_running"))["running"])
+
+
 # -- no frame carries another user's bytes -----------------------------------
 
 ACTIONS = st.sampled_from(["chat_new", "chat_again", "rename", "archive", "pin", "delete", "project",

@@ -35,10 +35,13 @@ class ChangeFeed:
         self._log.append((self.rev, kind, data, owner))
         return pos
 
-    def since(self, position: str, owner: str | None = None) -> list[tuple[str, dict[str, Any]]] | None:
+    def since(self, position: str, owner: str | None = None, *,
+              owners: bool = False) -> list[tuple[str, dict[str, Any]]] | None:
         """The changes after `position` (of `owner`'s sessions only, unless it is
         None), oldest first, or None when they are not all known (another epoch,
-        a malformed position, or older than the history)."""
+        a malformed position, or older than the history). With `owners`, each
+        change (and a created session's row) says whose session it is about
+        (copies: what was pushed stays as it was)."""
         epoch, _, rev_text = position.partition(":")
         if epoch != self.epoch or not (rev_text.isascii() and rev_text.isdigit()):
             return None
@@ -49,4 +52,12 @@ class ChangeFeed:
             return []
         if not self._log or self._log[0][0] > rev + 1:
             return None
-        return [(kind, data) for r, kind, data, who in self._log if r > rev and (owner is None or who == owner)]
+        return [(kind, _with_owner(data, who) if owners else data) for r, kind, data, who in self._log
+                if r > rev and (owner is None or who == owner)]
+
+
+def _with_owner(data: dict[str, Any], owner: str) -> dict[str, Any]:
+    out = {**data, "owner": owner}
+    if isinstance(out.get("session"), dict):
+        out["session"] = {**out["session"], "owner": owner}
+    return out

@@ -228,10 +228,11 @@ class SessionStore(Replies):
         for sw in list(self.scoped_watchers):
             sw(kind, data, owner)
 
-    def changes_since(self, position: str, owner: str | None = None) -> list[tuple[str, dict[str, Any]]] | None:
+    def changes_since(self, position: str, owner: str | None = None, *,
+                      owners: bool = False) -> list[tuple[str, dict[str, Any]]] | None:
         """The registry changes (push kind, data) after `position` (of `owner`'s
-        sessions only, unless it is None), or None: re-list."""
-        return self.feed.since(position, owner)
+        sessions only, unless it is None; with `owners`, each saying whose), or None: re-list."""
+        return self.feed.since(position, owner, owners=owners)
 
     # -- lookups ------------------------------------------------------------
 

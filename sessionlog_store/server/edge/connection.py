@@ -301,6 +301,15 @@ class Connection:
                           extra={"remote": self.remote})
         return meta
 
+    def owners_shown(self, rows: list[dict[str, Any]], key: str = "id") -> list[dict[str, Any]]:
+        """Rows an admin is sent say whose session each is (`owner`); a user's
+        rows do not (they are all its own)."""
+        if self.principal.admin:
+            for row in rows:
+                meta = self.store.registry.get(row[key])
+                row["owner"] = meta.owner if meta is not None else ""
+        return rows
+
     def _audit_all(self, action: str) -> None:
         if self.principal.admin:
             audit.warning("admin %r: %s over every user", self.principal.user, action, extra={"remote": self.remote})
@@ -325,7 +334,7 @@ class Connection:
             case p.ListSessions() as r:
                 self._audit_all("list_sessions")
                 if r.since is not None:
-                    changes = store.changes_since(r.since, self.principal.reads)
+                    changes = store.changes_since(r.since, self.principal.reads, owners=self.principal.admin)
                     if changes is not None:
                         self.reply("sessions_changes", {"since": r.since, "rev": store.feed.position,
                                                         "changes": [{"type": k, "data": d} for k, d in changes]},
@@ -335,12 +344,12 @@ class Connection:
                 rows, total = store.list_sessions(filters=r.filters, include_archived=r.include_archived,
                                                   archived=r.archived, offset=r.offset, limit=r.limit,
                                                   owner=self.principal.reads)
-                self.reply("sessions_list", {"rows": rows, "total": total, "rev": rev,
+                self.reply("sessions_list", {"rows": self.owners_shown(rows), "total": total, "rev": rev,
                                              "relist": r.since is not None}, rid)
             case p.CreateSession() as r:
                 meta, _ = await self._create(agent_id=r.agent_id, source=r.source, title=r.title,
                                              project_id=r.project_id)
-                self.reply("session_created", {"session": store.get_row(meta.id)}, rid)
+                self.reply("session_created", {"session": self.owners_shown([store.get_row(meta.id)])[0]}, rid)
             case p.LoadSession(session_id=sid, msg_id=through):
                 meta = self.readable(sid, "load_session")
                 state = await store.load_session(sid)
@@ -360,7 +369,8 @@ class Connection:
                 self.reply("ok", {"action": "switch_branch", "session_id": sid, "head": head}, rid)
             case p.ListRunning():
                 self._audit_all("list_running")
-                self.reply("running_list", {"running": store.list_running(self.principal.reads)}, rid)
+                self.reply("running_list", {"running": self.owners_shown(store.list_running(self.principal.reads),
+                                                                         "session_id")}, rid)
             case p.Chat() as r:
                 await self.chat(r)
             case p.SubscribeMsg() as r:
@@ -438,7 +448,8 @@ class Connection:
         for m in messages:
             if m["caller"] is None:
                 m["siblings"] = state.siblings(m["msg_id"])
-        return {"session": self.store.get_row(sid), "messages": messages, "head": head or state.head,
+        return {"session": self.owners_shown([self.store.get_row(sid)])[0], "messages": messages,
+                "head": head or state.head,
                 "seq": state.seq, "durable_seq": self.store.es.durable_seq(sid)}
 
     async def chat(self, r: p.Chat) -> None:
