@@ -458,6 +458,79 @@ async def test_jwt_checks_signature_expiry_audience_issuer_and_the_algorithm(roo
     assert await handshake_status(rs.port, f"/ws?token={forged}") == 403, "HS256 signed with the public key"
 
 
+async def test_a_bearer_header_wins_over_the_urls_token(root, nursery):
+    """A JWT in both places: the Authorization header's is the credential,
+    valid or not (the URL's is not a fallback); a header that is not
+    `Bearer` leaves the URL's."""
+    import time
+
+    import jwt
+    server = await start(nursery, root, auth=AuthConfig(mode="jwt", jwt=JwtConfig(secret=SECRET)))
+    exp = int(time.time()) + 600
+
+    def token(sub: str, key: str = SECRET) -> str:
+        return jwt.encode({"sub": sub, "exp": exp}, key, algorithm="HS256")
+    bad = token("alice", key="another-secret-of-at-least-thirty-two-chars")
+    assert await handshake_status(server.port, f"/ws?token={token('bob')}",
+                                  [(b"Authorization", f"Bearer {bad}".encode())]) == 403, "no fallback to the URL"
+    assert await handshake_status(server.port, f"/ws?token={bad}",
+                                  [(b"Authorization", f"Bearer {token('alice')}".encode())]) == 101
+    assert await handshake_status(server.port, f"/ws?token={token('bob')}",
+                                  [(b"Authorization", b"Basic Ym9iOnNlY3JldA==")]) == 101, "not a bearer: the URL's"
+    async with open_websocket("127.0.0.1", server.port, f"/ws?token={token('bob')}", use_ssl=False,
+                              extra_headers=[(b"Authorization", f"Bearer {token('alice')}".encode())]) as ws:
+        await ws.send_message(json.dumps({"action": "create_session", "title": "whose?", "request_id": 1}))
+        sid = json.loads(await ws.get_message())["data"]["session"]["id"]
+    for sub, rows in (("alice", [sid]), ("bob", [])):
+        async with open_client("127.0.0.1", server.port, token(sub)) as c:
+            assert [r["id"] for r in (await c.request("list_sessions"))["rows"]] == rows, sub
+
+
+def test_user_ids_are_nfc_keep_their_case_and_refuse_whitespace_around_and_control_characters(tmp_path):
+    from sessionlog_store.server.edge.auth import TokensFile, user_id
+    assert user_id("Ame\u0301lie") == user_id("Am\u00e9lie") == "Am\u00e9lie", "one user however é is spelled"
+    assert user_id("Alice") == "Alice" != user_id("alice"), "case is kept: two users"
+    assert user_id("alice smith") == "alice smith" and user_id("alice@example.com") == "alice@example.com"
+    for bad in ("", " alice", "alice ", "alice\n", "\talice", "ali\x00ce", "ali\x7fce", "ali\u0085ce",
+                "alice\u200b", "\u202ealice", "ali\u2028ce", "\u00a0alice", "x" * 201, "ali\ud800ce"):
+        assert user_id(bad) is None, repr(bad)
+    assert user_id("x" * 200) == "x" * 200
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"token-of-amelie-0123": "Ame\u0301lie"}))
+    table = TokensFile(str(path))
+    from sessionlog_store.server.edge.http import Request
+    req = Request(method="GET", target="/ws?token=token-of-amelie-0123", headers={})
+    cred = table.authenticate(req, False)
+    assert cred is not None and cred.user == "Am\u00e9lie", "recorded as owners are compared: NFC"
+    path.write_text(json.dumps({"token-of-bob-0123456": "bob "}))
+    with pytest.raises(ValueError, match="bad user id"):
+        TokensFile(str(path))
+    assert AuthConfig(mode="tokens-file", admins=("Ame\u0301lie",)).admins == ("Am\u00e9lie",)
+    with pytest.raises(ValueError, match="--admin"):
+        AuthConfig(mode="tokens-file", admins=("carol\n",))
+
+
+async def test_a_jwt_sub_is_one_user_however_its_unicode_is_spelled_and_a_bad_one_is_refused(root, nursery):
+    import time
+
+    import jwt
+    server = await start(nursery, root, auth=AuthConfig(mode="jwt", jwt=JwtConfig(secret=SECRET)))
+    exp = int(time.time()) + 600
+
+    def token(sub: str) -> str:
+        return jwt.encode({"sub": sub, "exp": exp}, SECRET, algorithm="HS256")
+    async with open_client("127.0.0.1", server.port, token("Ame\u0301lie")) as decomposed:
+        sid = (await decomposed.request("create_session"))["session"]["id"]
+    async with open_client("127.0.0.1", server.port, token("Am\u00e9lie")) as composed:
+        assert [r["id"] for r in (await composed.request("list_sessions"))["rows"]] == [sid]
+    async with open_client("127.0.0.1", server.port, token("AM\u00c9LIE")) as shouting:
+        assert (await shouting.request("list_sessions"))["rows"] == [], "another case, another user"
+    for bad in (" Am\u00e9lie", "Am\u00e9lie\u200b", "Am\u00e9\nlie", ""):
+        assert await handshake_status(server.port, f"/ws?token={token(bad)}") == 403, repr(bad)
+    first = json.loads(read_logs(root)[sid].split(b"\n")[0])
+    assert first["owner"] == "Am\u00e9lie"
+
+
 # -- review findings -------------------------------------------------------------
 
 async def test_a_project_never_points_into_the_data_root_nor_at_the_home(root, nursery, tmp_path):

@@ -15,6 +15,8 @@ into a `Principal`, or refuses it before any data is sent:
 Every refusal is the same 403 with the same text, whatever was wrong (no
 user, a wrong token, a bad signature), and a token is looked up by its
 SHA-256 digest, so a wrong token and a wrong user take the same path.
+A user id from any of them (and `--admin`) goes through `user_id()`: NFC,
+case kept, no surrounding whitespace, no control or format characters.
 docs/SECURITY.md has the threat model.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -35,8 +37,13 @@ log = logging.getLogger("sessionlog.auth")
 
 # The one text of every refused handshake.
 REFUSED: Final = "missing or wrong credentials"
-# A user id: what owners are recorded as in the logs (printable, bounded).
-_USER: Final = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+# The longest user id (characters, after NFC): what owners are recorded as in the logs.
+MAX_USER_ID: Final = 200
+# Characters no user id holds (Unicode general categories): controls (Cc: tabs,
+# newlines, DEL, C1), format characters (Cf: zero-width spaces and joiners,
+# bidi overrides: "alice\u200b" would look like alice), lone surrogates (Cs),
+# line and paragraph separators (Zl, Zp).
+_NOT_IN_USER_IDS: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 # The most clock skew a JWT's exp/nbf/iat may be given (seconds); RFC 7519
 # leaves it to the verifier: "a few minutes" is the usual advice.
 MAX_LEEWAY: Final = 300.0
@@ -75,6 +82,20 @@ class Authenticator(Protocol):
 
     def reload(self) -> None:
         """Re-read what it reads from files (SIGHUP)."""
+
+
+def user_id(raw: str) -> str | None:
+    """The user `raw` names, in NFC (one spelling of "é": a precomposed and a
+    combining one are one user), or None when it names none: empty, longer
+    than MAX_USER_ID, with whitespace around it, or a control or format
+    character in it. Case is kept: "Alice" and "alice" are two users (as
+    JWT `sub`s are compared, RFC 7519 section 2)."""
+    if not raw or raw != raw.strip():
+        return None
+    user = unicodedata.normalize("NFC", raw)
+    if len(user) > MAX_USER_ID or any(unicodedata.category(c) in _NOT_IN_USER_IDS for c in user):
+        return None
+    return user
 
 
 def _digest(token: str) -> bytes:
@@ -124,9 +145,10 @@ class TokensFile:
         for token, user in raw.items():
             if len(token) < 16:
                 raise ValueError(f"--tokens-file {self.path}: a token of user {user!r} is shorter than 16 characters")
-            if not _USER.fullmatch(user):
-                raise ValueError(f"--tokens-file {self.path}: bad user id {user!r}")
-            table[_digest(token)] = user
+            uid = user_id(user)
+            if uid is None:
+                raise ValueError(f"--tokens-file {self.path}: bad user id {user!r} (docs/SECURITY.md: user ids)")
+            table[_digest(token)] = uid
         return table
 
     def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
@@ -158,8 +180,9 @@ class ProxyHeader:
     def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
         if not trusted_peer:
             return None  # anyone can send the header; only our proxy's counts
-        user = req.headers.get(self.header, "").strip()
-        return Credential(user=user) if _USER.fullmatch(user) and "," not in user else None  # ",": it came twice
+        # (an HTTP header's value comes without the whitespace around it, RFC 9110 5.5)
+        user = user_id(req.headers.get(self.header, "").strip())
+        return Credential(user=user) if user is not None and "," not in user else None  # ",": it came twice
 
     def still_valid(self, cred: Credential) -> bool:
         return True
@@ -248,8 +271,9 @@ class Jwt:
             # (a token that names an audience is refused when none is configured: PyJWT's default)
         except (jwt.PyJWTError, ValueError, TypeError, KeyError):
             return None
-        user, exp = claims.get(cfg.user_claim), claims.get("exp")
-        if not (isinstance(user, str) and _USER.fullmatch(user)) or not isinstance(exp, int | float):
+        sub, exp = claims.get(cfg.user_claim), claims.get("exp")
+        user = user_id(sub) if isinstance(sub, str) else None
+        if user is None or not isinstance(exp, int | float):
             return None
         kid_text = "" if cfg.secret is not None else str(kid)
         return Credential(user=user, expires=float(exp) + cfg.leeway, digest=kid_text.encode())
@@ -262,6 +286,15 @@ class AuthConfig:
     user_header: str = "X-Forwarded-User"
     jwt: JwtConfig | None = None
     admins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        admins = []
+        for name in self.admins:  # spelled as the users they name are (NFC)
+            uid = user_id(name)
+            if uid is None:
+                raise ValueError(f"--admin {name!r} is not a user id (docs/SECURITY.md: user ids)")
+            admins.append(uid)
+        self.admins = tuple(admins)
 
 
 def make_authenticator(cfg: AuthConfig, token: str, forwarded_allow_ips: tuple[str, ...] = ()) -> Authenticator:
