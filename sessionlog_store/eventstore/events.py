@@ -142,6 +142,15 @@ class HeadMoved(BaseEvent, tag="head_moved", frozen=True):
     head: str
 
 
+class OwnerChanged(BaseEvent, tag="owner_changed", frozen=True):
+    """The session now belongs to `owner` (`sessionlog users transfer`;
+    docs/SECURITY.md). A tag of its own rather than a new field of an older
+    event: a build that does not know it quarantines the session (the
+    one-way door above) instead of showing it to its former owner."""
+    owner: str
+    previous: str = ""  # whose it was (for `inspect`; the fold does not need it)
+
+
 class SessionDeleted(BaseEvent, tag="session_deleted", frozen=True):
     """A tombstone: the directory is removed after it is durable; a start that
     finds one finishes the deletion."""
@@ -161,9 +170,22 @@ class ProjectMoved(BaseEvent, tag="project_moved", frozen=True):
     path: str
 
 
+class ProjectOwnerChanged(BaseEvent, tag="project_owner_changed", frozen=True):
+    """The project now belongs to `owner` (as OwnerChanged, for a session)."""
+    project_id: str
+    owner: str
+    previous: str = ""
+
+
+class ProjectDeleted(BaseEvent, tag="project_deleted", frozen=True):
+    """The project is gone (`sessionlog users delete`); its earlier records
+    stay in the log, which is append-only."""
+    project_id: str
+
+
 Event = (SessionCreated | MessageCreated | MessageProgress | MessageProgressV1 | MessageFinalized | SessionRenamed
-         | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | SessionDeleted
-         | ProjectCreated | ProjectMoved)
+         | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | OwnerChanged | SessionDeleted
+         | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted)
 
 EVENT_ENCODER: Final = msgspec.json.Encoder()
 EVENT_DECODER: Final = msgspec.json.Decoder(Event)

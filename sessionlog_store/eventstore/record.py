@@ -17,7 +17,8 @@ import msgspec
 from .errors import RecordTooLarge
 from .events import (EVENT_DECODER, EVENT_ENCODER, Event, HeadMoved, MessageCreated, MessageFinalized,
                      MessageProgress, MessageProgressV1, ProjectBound, ProjectCreated, ProjectMoved,
-                     ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags, SessionRenamed)
+                     ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags, SessionRenamed,
+                     OwnerChanged, ProjectDeleted, ProjectOwnerChanged)
 
 # A log line longer than this is refused, so replay and the tail reader stay
 # bounded in memory. A finalize carries a whole reply; 4 MiB holds a long
@@ -129,8 +130,8 @@ _ENVELOPES: Final = msgspec.json.Decoder(list[_Envelope])
 _EVENTS: Final = msgspec.json.Decoder(list[Event])
 _META_EVENTS: Final = msgspec.json.Decoder(
     list[SessionCreated | MessageCreated | _ProgressStub | _ProgressStubV1 | MessageFinalized
-         | SessionRenamed | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | SessionDeleted
-         | ProjectCreated | ProjectMoved])
+         | SessionRenamed | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | OwnerChanged | SessionDeleted
+         | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted])
 
 
 def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record] | None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from sessionlog_store.eventstore.events import (HeadMoved, MessageCreated, MessageFinalized, MessageProgress, ProjectBound,
-                               ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
+from sessionlog_store.eventstore.events import (HeadMoved, MessageCreated, MessageFinalized, MessageProgress, OwnerChanged,
+                               ProjectBound, ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags,
                                SessionRenamed)
 from sessionlog_store.eventstore.record import Record
 
@@ -99,6 +99,8 @@ def apply_meta(meta: SessionMeta | None, record: Record) -> SessionMeta | None:
                 status=meta.status if f.status is None else f.status)
         case ProjectBound(project_id=project_id):
             return replace(meta, project_id=project_id)
+        case OwnerChanged(owner=owner):
+            return replace(meta, owner=owner)
         case SessionDeleted():
             return None
         case _:

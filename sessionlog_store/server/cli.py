@@ -1,4 +1,4 @@
-"""The `sessionlog` command: serve, rebuild, verify, inspect, repair."""
+"""The `sessionlog` command: serve, rebuild, verify, inspect, repair, users."""
 from __future__ import annotations
 
 import argparse
@@ -186,6 +186,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
     finally:
         os.close(fd)
     return EXIT_OK
+
+
+def cmd_users(args: argparse.Namespace) -> int:
+    """Offboarding one user (server/offboard.py): list, export, delete, transfer."""
+    from sessionlog_store.server import offboard
+    return offboard.run(args, _existing_store(args.root))
 
 
 def maintenance_config(args: argparse.Namespace):
@@ -580,7 +586,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow a repair that keeps no record (damage in line 1); the log is emptied, "
                         "its bytes kept beside it, and the session stays listed as damaged")
     f.set_defaults(func=cmd_repair)
+    _users_commands(sub, root_help)
     return p
+
+
+def _users_commands(sub: argparse._SubParsersAction, root_help: str) -> None:
+    """`sessionlog users list|export|delete|transfer` (docs/SECURITY.md: offboarding)."""
+    u = sub.add_parser("users", help="offboarding: list the owners; export, delete or transfer one user's "
+                                     "sessions and projects (stop the server first)")
+    u.set_defaults(func=cmd_users)
+    us = u.add_subparsers(dest="users_command", required=True, metavar="list|export|delete|transfer")
+    who = 'a user id ("" names the single user of --auth token)'
+    made = {name: us.add_parser(name, help=text) for name, text in (
+        ("list", "every owner: its sessions, projects and last update"),
+        ("export", "a tar of one user's session logs, byte for byte, and a manifest"),
+        ("delete", "delete every session and project of one user (a durable tombstone each)"),
+        ("transfer", "give every session and project of one user to another (an appended record each)"))}
+    for name, q in made.items():
+        q.add_argument("--root", default=default_root(), help=root_help)
+        if name != "list":
+            q.add_argument("user", metavar="USER", help=who)
+        if name in ("delete", "transfer"):
+            q.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
+    made["export"].add_argument("--out", metavar="FILE", default=None,
+                                help="write the tar here (never over an existing file); default: stdout, "
+                                     "unless it is a terminal")
+    made["transfer"].add_argument("--to", required=True, metavar="OTHER", help="the user who receives them")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from sessionlog_store.eventstore.errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
-from sessionlog_store.eventstore.events import ProjectCreated, ProjectMoved
+from sessionlog_store.eventstore.events import ProjectCreated, ProjectDeleted, ProjectMoved, ProjectOwnerChanged
 from sessionlog_store.eventstore.fsio import FileOps
 from sessionlog_store.eventstore.log import append_durable, project_log_path, repair_torn_tail, scan
 from sessionlog_store.eventstore.record import Record, encode_record
@@ -35,6 +35,7 @@ DEFAULT_PROJECT_ID: Final = "default"
 # other workers' (each time caught up and checked again), gives up.
 SHARED_TRIES: Final = 20
 PATH_REFUSED: Final = "project folder refused: it must be an existing folder under a project root"
+ProjectEvent = ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted
 
 
 class Project(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,6 +106,10 @@ class ProjectRegistry:
                 self._projects[pid] = Project(id=pid, name=name, path=path, owner=owner)
             case ProjectMoved(project_id=pid, path=path) if pid in self._projects:
                 self._projects[pid] = msgspec.structs.replace(self._projects[pid], path=path)
+            case ProjectOwnerChanged(project_id=pid, owner=owner) if pid in self._projects:
+                self._projects[pid] = msgspec.structs.replace(self._projects[pid], owner=owner)
+            case ProjectDeleted(project_id=pid):
+                self._projects.pop(pid, None)
 
     def default(self) -> Project:
         return Project(id=DEFAULT_PROJECT_ID, name="Home", path=self.home, is_default=True)
@@ -151,7 +156,7 @@ class ProjectRegistry:
         for rec in records:
             self._apply(rec.event)
 
-    async def _append(self, ev: ProjectCreated | ProjectMoved,
+    async def _append(self, ev: ProjectEvent,
                       check: Callable[[], None] | None = None) -> None:
         """Append one record durably. `check` runs under the log's lock just
         before the write (a check that must not race another writer; on a
@@ -177,7 +182,7 @@ class ProjectRegistry:
             self._seq += 1
             self._apply(ev)
 
-    async def _append_shared(self, shared: StreamProjectLog, ev: ProjectCreated | ProjectMoved,
+    async def _append_shared(self, shared: StreamProjectLog, ev: ProjectEvent,
                              check: Callable[[], None] | None) -> None:
         for _ in range(SHARED_TRIES):
             if check is not None:
@@ -230,6 +235,24 @@ class ProjectRegistry:
         if _under(real, self.data_root) or _under(self.data_root, real) or real == os.path.realpath(self.home):
             raise refuse("is the home directory, or holds or lies in the data directory")
         return real
+
+    def owned(self, owner: str | None = None) -> tuple[Project, ...]:
+        """The projects of `owner` (everyone's when None), the default project not among them."""
+        return tuple(p for p in self._projects.values() if owner is None or p.owner == owner)
+
+    async def transfer(self, project_id: str, owner: str) -> None:
+        """The project becomes `owner`'s (an appended record; its id, name and folder kept)."""
+        p = self.get(project_id)
+        if p.is_default:
+            raise Conflict("default_project", "the default project belongs to no one")
+        await self._append(ProjectOwnerChanged(project_id=p.id, owner=owner, previous=p.owner))
+
+    async def delete(self, project_id: str) -> None:
+        """Forget the project (an appended record: the log keeps its earlier ones)."""
+        p = self.get(project_id)
+        if p.is_default:
+            raise Conflict("default_project", "the default project cannot be deleted")
+        await self._append(ProjectDeleted(project_id=p.id))
 
     def count(self, owner: str) -> int:
         """Projects of `owner` (the default project not counted)."""

@@ -1,0 +1,341 @@
+"""`sessionlog users`: one user's sessions and projects, for an operator
+offboarding them (docs/SECURITY.md, "Offboarding a user"): list the owners,
+export one user's logs, delete them, or give them to another user.
+
+Each command opens the store as a start does: its lock is held (the server
+must be stopped), the journal a crash left is applied, a dead server's
+replies are aborted; the retention rules are off, so nothing is removed
+that was not asked for. Changes go through the store's own paths: a
+deletion is the durable tombstone `delete_session` writes, a transfer an
+appended `owner_changed` record per session and `project_owner_changed` per
+project (the owner is recorded in the log, so it is changed in the log:
+never a file edit).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+import unicodedata
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import IO, Final, TypeVar
+
+import trio
+
+from sessionlog_store.eventstore.errors import SessionReadOnly
+from sessionlog_store.eventstore.events import OwnerChanged
+from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.log import read_log
+from sessionlog_store.projections.maintenance import MaintenanceConfig
+from sessionlog_store.projections.session import SessionMeta
+from sessionlog_store.server.domain.projects import Project
+from sessionlog_store.server.domain.store import SessionStore, StoreConfig, open_session_store
+from sessionlog_store.server.edge.auth import user_id
+
+# Exit codes (the README's table): as every command's.
+EXIT_OK: Final = 0
+EXIT_PROBLEMS: Final = 1   # some of the user's sessions could not be changed (damaged logs): named on stderr
+EXIT_USAGE: Final = 2      # not a user id, or a transfer to the same user
+EXIT_CANNOT: Final = 3     # the user owns nothing here (a typo?), the root is locked, a disk error
+
+T = TypeVar("T")
+
+# Retention off: an offboarding command removes nothing it was not asked to.
+_NO_RETENTION: Final = MaintenanceConfig(empty_shell_age=0, archive_ttl=0, max_sessions=0)
+
+
+class UsageError(ValueError):
+    """A bad user on the command line (exit 2)."""
+
+
+class NothingOwned(ValueError):
+    """The user owns no session and no project here (exit 3)."""
+
+
+def parse_user(text: str, what: str = "user") -> str:
+    """A user named on the command line: "" (the single user of `--auth
+    token`, whose sessions record no owner) or a user id (auth.user_id: NFC)."""
+    if text == "":
+        return ""
+    uid = user_id(text)
+    if uid is None:
+        raise UsageError(f"{what} {text!r} is not a user id (docs/SECURITY.md: user ids)")
+    return uid
+
+
+def _same(owner: str, user: str) -> bool:
+    """Whether a recorded owner is `user` (an owner recorded before ids were
+    normalised may be in another normal form)."""
+    return owner == user or unicodedata.normalize("NFC", owner) == user
+
+
+@dataclass
+class Holdings:
+    """What one user owns: its sessions (oldest first) and projects, and which
+    of its sessions are damaged (read-only: `sessionlog repair` first)."""
+    user: str
+    sessions: list[SessionMeta]
+    projects: list[Project]
+    damaged: dict[str, str] = field(default_factory=dict)  # session id -> what is wrong
+
+
+def _unknown_owner(store: SessionStore, sid: str) -> bool:
+    """A session whose first line cannot be read records no owner we can trust."""
+    corrupt = store.es.corruption(sid)
+    return corrupt is not None and corrupt.line_no == 1
+
+
+def holdings(store: SessionStore, user: str) -> Holdings:
+    sessions = sorted((m for sid, m in store.registry.rows.items()
+                       if _same(m.owner, user) and not _unknown_owner(store, sid)), key=lambda m: m.created_at)
+    damaged = {}
+    for m in sessions:
+        corrupt = store.es.corruption(m.id)
+        if corrupt is not None:
+            damaged[m.id] = f"line {corrupt.line_no}: {corrupt.reason}"
+    projects = [p for p in store.projects.owned() if _same(p.owner, user)]
+    h = Holdings(user, sessions, projects, damaged)
+    if not sessions and not projects:
+        raise NothingOwned(f"user {user!r} owns no session and no project in this store "
+                           "(`sessionlog users list` names the owners)")
+    return h
+
+
+@asynccontextmanager
+async def open_store(root: str) -> AsyncIterator[SessionStore]:
+    """The store opened as a start opens it, the retention rules off, and every
+    log checked whole (what a start's checkpoint let it skip too): a damaged
+    session is known before anything is done to it."""
+    async with open_session_store(root, config=StoreConfig(maintenance=_NO_RETENTION)) as store:
+        await store.check_logs()
+        yield store
+
+
+# -- the commands (each an async function of an open store) --------------------
+
+@dataclass
+class OwnerLine:
+    owner: str
+    sessions: int = 0
+    archived: int = 0
+    projects: int = 0
+    last_updated: float = 0.0
+
+
+def owners(store: SessionStore) -> tuple[list[OwnerLine], list[str]]:
+    """Every owner of a session or a project, by name; and the sessions whose
+    owner cannot be read (damaged in line 1)."""
+    lines: dict[str, OwnerLine] = {}
+    unknown = []
+    for sid, m in store.registry.rows.items():
+        if _unknown_owner(store, sid):
+            unknown.append(sid)
+            continue
+        line = lines.setdefault(m.owner, OwnerLine(m.owner))
+        line.sessions += 1
+        line.archived += m.archived
+        line.last_updated = max(line.last_updated, m.updated_at)
+    for p in store.projects.owned():
+        lines.setdefault(p.owner, OwnerLine(p.owner)).projects += 1
+    return sorted(lines.values(), key=lambda x: x.owner), sorted(unknown)
+
+
+async def export(store: SessionStore, user: str, out: IO[bytes]) -> Holdings:
+    """A tar of the user's session logs, byte for byte, in a data root's
+    layout (`sessions/<id>/log.jsonl`), and `manifest.json`: the user, when,
+    each session's id, title, times and damage, and the user's projects."""
+    h = holdings(store, user)
+    await store.es.flush()  # every record appended so far is in its log file
+    manifest = {
+        "user": user, "exported_at": time.time(),
+        "sessions": [{"id": m.id, "title": m.title, "created_at": m.created_at, "updated_at": m.updated_at,
+                      "archived": m.archived, "damaged": h.damaged.get(m.id)} for m in h.sessions],
+        "projects": [{"id": p.id, "name": p.name, "path": p.path} for p in h.projects],
+    }
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, "manifest.json", json.dumps(manifest, indent=1, ensure_ascii=False).encode() + b"\n")
+        for m in h.sessions:
+            data = await trio.to_thread.run_sync(read_log, store.fs, store.root, m.id)
+            _add(tar, f"sessions/{m.id}/log.jsonl", data)
+    return h
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
+    tar.addfile(info, io.BytesIO(data))
+
+
+@dataclass
+class Outcome:
+    sessions: list[str] = field(default_factory=list)   # changed (or, dry run, that would be)
+    projects: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)   # not changed, and why
+    notes: list[str] = field(default_factory=list)
+
+
+async def delete(store: SessionStore, user: str, *, dry_run: bool = False) -> Outcome:
+    """Delete every session of the user (a durable tombstone each, then its
+    folder), then its projects (an appended `project_deleted` each)."""
+    h, out = holdings(store, user), Outcome()
+    for m in h.sessions:
+        if dry_run or await store.delete_session(m.id):
+            out.sessions.append(m.id)
+    for p in h.projects:
+        if not dry_run:
+            await store.projects.delete(p.id)
+        out.projects.append(p.id)
+    if h.projects:
+        out.notes.append("the project log is append-only: the deleted projects' names and folders stay in "
+                         "its earlier records")
+    return out
+
+
+async def transfer(store: SessionStore, user: str, to: str, *, dry_run: bool = False) -> Outcome:
+    """Give every session and project of `user` to `to`: an appended
+    `owner_changed` record per session (durable before the next), a
+    `project_owner_changed` per project. A damaged session takes no record:
+    it is named, and stays `user`'s until `sessionlog repair`."""
+    if _same(to, user) or _same(user, to):
+        raise UsageError(f"--to names the same user as USER ({user!r})")
+    h, out = holdings(store, user), Outcome()
+    for m in h.sessions:
+        if m.id in h.damaged:
+            out.problems.append(f"session {m.id} not transferred: its log is damaged ({h.damaged[m.id]}); "
+                                f"`sessionlog repair {m.id}`, then transfer again")
+            continue
+        if not dry_run:
+            try:
+                await store.append_events(m.id, OwnerChanged(owner=to, previous=m.owner))
+            except SessionReadOnly as e:  # (found damaged since: checked above, so hardly ever)
+                out.problems.append(f"session {m.id} not transferred: {e}")
+                continue
+        out.sessions.append(m.id)
+    theirs = {p.path: p for p in store.projects.owned(to)}
+    for p in h.projects:
+        if not dry_run:
+            await store.projects.transfer(p.id, to)
+        out.projects.append(p.id)
+        if p.path in theirs:
+            out.notes.append(f"{to!r} now has two projects on {p.path} ({theirs[p.path].id} and {p.id}): both "
+                             "keep working")
+    return out
+
+
+# -- the command line -------------------------------------------------------------
+
+def run(args: argparse.Namespace, root: str) -> int:
+    """Run `sessionlog users ...` on the existing data root `root`."""
+    try:
+        user = parse_user(args.user) if args.users_command != "list" else ""
+        to = parse_user(args.to, "--to") if args.users_command == "transfer" else ""
+    except UsageError as e:
+        print(f"sessionlog: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        match args.users_command:
+            case "list":
+                return _run_trio(_list, root)
+            case "export":
+                return _export(root, user, args.out)
+            case "delete":
+                out = _run_trio(_change, root, lambda s: delete(s, user, dry_run=args.dry_run))
+                verb = "would delete" if args.dry_run else "deleted"
+                return _report(out, f"{verb} {_count(out)} of user {user!r}")
+            case "transfer":
+                out = _run_trio(_change, root, lambda s: transfer(s, user, to, dry_run=args.dry_run))
+                verb = "would transfer" if args.dry_run else "transferred"
+                return _report(out, f"{verb} {_count(out)} of user {user!r} to {to!r}")
+    except UsageError as e:
+        print(f"sessionlog: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    raise AssertionError(args.users_command)
+
+
+def _run_trio(fn: Callable[..., Awaitable[T]], *args: object) -> T:
+    """trio.run, with an error raised inside the store's nursery (a user who
+    owns nothing, a disk error) as itself rather than in an exception group."""
+    try:
+        return trio.run(fn, *args)
+    except BaseExceptionGroup as group:
+        leaves: list[BaseException] = []
+
+        def walk(e: BaseException) -> None:
+            for sub in e.exceptions if isinstance(e, BaseExceptionGroup) else ():
+                walk(sub)
+            if not isinstance(e, BaseExceptionGroup):
+                leaves.append(e)
+        walk(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise
+
+
+async def _list(root: str) -> int:
+    async with open_store(root) as store:
+        lines, unknown = owners(store)
+    for line in lines:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(line.last_updated)) if line.sessions else "-"
+        print(f"{json.dumps(line.owner, ensure_ascii=False)}\t{_plural(line.sessions, 'session')}"
+              f" ({line.archived} archived)\t{_plural(line.projects, 'project')}\tlast updated {when}")
+    for sid in unknown:
+        print(f"(unknown owner)\tsession {sid}: its first line is damaged (`sessionlog repair {sid}`)")
+    return EXIT_OK
+
+
+async def _change(root: str, change: Callable[[SessionStore], Awaitable[Outcome]]) -> Outcome:
+    async with open_store(root) as store:
+        return await change(store)
+
+
+def _export(root: str, user: str, path: str | None) -> int:
+    if path is None:
+        if sys.stdout.isatty():
+            raise ValueError("a tar is binary: give --out FILE, or redirect stdout")
+        h = _run_trio(_export_to, root, user, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    else:
+        if os.path.lexists(path):
+            raise ValueError(f"--out {path} exists: not written over")
+        part = f"{path}.partial"
+        try:
+            with open(part, "xb") as f:
+                h = _run_trio(_export_to, root, user, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, path)
+            OS_FILES.fsync_dir(os.path.dirname(os.path.abspath(path)))  # its name, durable
+        finally:
+            if os.path.lexists(part):
+                os.unlink(part)
+    for sid, why in h.damaged.items():
+        print(f"  session {sid}: its log is damaged ({why}); exported as it is", file=sys.stderr)
+    print(f"exported {_plural(len(h.sessions), 'session')} and {_plural(len(h.projects), 'project')} of user "
+          f"{user!r} to {path or 'stdout'}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _export_to(root: str, user: str, out: IO[bytes]) -> Holdings:
+    async with open_store(root) as store:
+        return await export(store, user, out)
+
+
+def _report(out: Outcome, summary: str) -> int:
+    for line in out.problems + [f"note: {n}" for n in out.notes]:
+        print(f"  {line}", file=sys.stderr)
+    print(summary)
+    return EXIT_PROBLEMS if out.problems else EXIT_OK
+
+
+def _count(out: Outcome) -> str:
+    return f"{_plural(len(out.sessions), 'session')} and {_plural(len(out.projects), 'project')}"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
