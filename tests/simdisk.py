@@ -64,6 +64,15 @@ class RecordingFS(FileOps):
         super().write(fd, data)
         self._log("write", self._paths[fd], bytes(data))
 
+    def open_write(self, path: str) -> int:
+        fd = super().open_write(path)
+        self._paths[fd] = self._rel(path)
+        return fd
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        super().pwrite(fd, data, offset)
+        self._log("pwrite", self._paths[fd], offset, bytes(data))
+
     def fdatasync(self, fd: int) -> None:
         super().fdatasync(fd)
         self._log("sync", self._paths[fd])
@@ -170,6 +179,10 @@ class _Model:
         elif kind == "write":
             ino = self.inodes[self.cur[op[1]]]
             ino.cur += op[2]
+        elif kind == "pwrite":  # (unsynced, an overwrite is lost whole in a cut: _content)
+            ino = self.inodes[self.cur[op[1]]]
+            off, data = op[2], op[3]
+            ino.cur = ino.cur[:off].ljust(off, b"\x00") + data + ino.cur[off + len(data):]
         elif kind == "write_file":
             ino = self.inodes[self.cur[op[1]]] if op[1] in self.cur else self.new(op[1])
             ino.cur = ino.durable = op[2]

@@ -241,7 +241,7 @@ class EventStore:
         self._segments: list[tuple[str, int]] = []  # closed segments not yet removed, with their last batch
         self._journaled: dict[str, int] = {}      # session -> the last batch holding its records
         self._dirty_devs: set[int] = set()        # devices with log writes since the last round
-        self._dirty_sids: set[str] = set()        # the same, by session, where there is no syncfs
+        self._unsynced_fds: set[int] = set()      # log descriptors written since the round (no syncfs that reports errors)
 
     # -- sessions ---------------------------------------------------------
 
@@ -382,6 +382,8 @@ class EventStore:
             self._sessions.pop(session_id, None)
             self._devs.pop(session_id, None)
             fd = self._fds.pop(session_id, None)
+            if fd is not None:
+                self._unsynced_fds.discard(fd)  # (closed below: never synced by a round)
         folder = session_dir(self.root, session_id)
         try:
             await trio.to_thread.run_sync(self._remove_sync, folder, fd)
@@ -655,9 +657,6 @@ class EventStore:
 
     def _after_write(self, batches: list[_Batch], devs: set[int]) -> None:
         self._dirty_devs |= devs
-        if not SYNCFS_REPORTS_ERRORS:
-            for b in batches:
-                self._dirty_sids.update(b.lines)
         self._mark_written(batches)
         self._sync_wake.set()
 
@@ -679,8 +678,16 @@ class EventStore:
         fs = self.fs
         devs = self._devs
         devices: set[int] = set()
+        # Where syncfs reports no writeback error, the round fdatasyncs each
+        # written log through the descriptor that wrote it (a descriptor opened
+        # later hears nothing of an error before it): one leaving the LRU is
+        # synced first.
+        unsynced = None if SYNCFS_REPORTS_ERRORS else self._unsynced_fds
         for sid, lines in merged.items():
-            fs.write(self._log_fd(sid), lines[0] if len(lines) == 1 else b"".join(lines))
+            fd = self._log_fd(sid, unsynced)
+            fs.write(fd, lines[0] if len(lines) == 1 else b"".join(lines))
+            if unsynced is not None:
+                unsynced.add(fd)
             devices.add(devs[sid])
         self.timing.add("logs", time.perf_counter() - t0)
         return devices
@@ -803,7 +810,6 @@ class EventStore:
                 if upto <= self._trimmed_upto:
                     return
                 devs, self._dirty_devs = self._dirty_devs, set()
-                sids, self._dirty_sids = self._dirty_sids, set()
                 async with self._io_lock:  # between two journal writes
                     if self._seg_fd is not None:
                         await trio.to_thread.run_sync(self._close_segment, self._committed_no)
@@ -814,7 +820,12 @@ class EventStore:
                 segments = self._segments[:n]
                 try:
                     t0 = time.perf_counter()
-                    await trio.to_thread.run_sync(self._sync_logs_sync, devs, sids)
+                    if SYNCFS_REPORTS_ERRORS:
+                        await trio.to_thread.run_sync(self._sync_logs_sync, devs)
+                    else:  # each written log, through its descriptor (none closes meanwhile)
+                        async with self._fd_lock:
+                            fds, self._unsynced_fds = self._unsynced_fds, set()
+                            await trio.to_thread.run_sync(self._fdatasync_all, fds)
                     self.timing.add("log sync", time.perf_counter() - t0)
                     await trio.to_thread.run_sync(self._trim_sync, segments)
                 except OSError as e:
@@ -827,19 +838,15 @@ class EventStore:
                     self._stats[5] += len(segments)
                     self._journaled = {s: k for s, k in self._journaled.items() if k > self._trimmed_upto}
 
-    def _sync_logs_sync(self, devs: set[int], sids: set[str]) -> None:
-        fs = self.fs
-        if SYNCFS_REPORTS_ERRORS:  # on descriptors opened before the logs' first write: errors since are reported
-            for dev in devs:
-                fs.syncfs(self._dev_fds[dev])
-            return
-        for sid in sids:  # no syncfs that reports errors: each written log  # pragma: no cover (Linux >= 5.8)
-            if sid in self._sessions:
-                fd = fs.open_append(log_path(self.root, sid))
-                try:
-                    fs.fdatasync(fd)
-                finally:
-                    fs.close(fd)
+    def _sync_logs_sync(self, devs: set[int]) -> None:
+        """One syncfs per device, on descriptors opened before the logs' first
+        write there: every writeback error since is reported (Linux >= 5.8)."""
+        for dev in devs:
+            self.fs.syncfs(self._dev_fds[dev])
+
+    def _fdatasync_all(self, fds: set[int]) -> None:
+        for fd in fds:
+            self.fs.fdatasync(fd)
 
     def _trim_sync(self, segments: list[tuple[str, int]]) -> None:
         for path, _ in segments:

@@ -50,6 +50,16 @@ class FileOps:
         if n != len(data):
             raise OSError(errno.EIO, f"short write: {n} of {len(data)} bytes")
 
+    def open_write(self, path: str) -> int:
+        """An existing file, for writes in place (`pwrite`)."""
+        return os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        """One os.pwrite at `offset`; a short write is an error."""
+        n = os.pwrite(fd, data, offset)
+        if n != len(data):
+            raise OSError(errno.EIO, f"short write: {n} of {len(data)} bytes")
+
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
 

@@ -44,32 +44,43 @@ Invariants:
 - Recovery (`apply_journal`, before anything reads a log or `index.json`):
   read the segments in order, cutting each at its first bad frame, and
   check that each segment starts with the batch after the previous one's
-  last. Only a cut-short frame (its header, or less than its stated length)
-  or zeros at the very end of the last segment, with no good frame after,
-  is a torn write nobody was told about; a full-length frame whose checksum
-  fails, a missing segment, anything in the middle is damage.
+  last. Only what a cut append leaves at the very end of the last segment,
+  with no good frame after, is a torn write nobody was told about: a frame
+  cut short (its header, or fewer bytes than its stated length), zeros, or
+  a frame that reaches the end with its later blocks read as zeros (a size
+  made durable before the data: a run of at least 16 zero bytes to the end,
+  from a 512-byte boundary; no payload ends so). A full-length frame whose
+  checksum fails otherwise (a flipped bit), a missing segment, anything in
+  the middle is damage.
   Per session, keep only the entries after its last birth marker and whose
-  `born` matches the log's first line (a session deleted and created
-  again under the same id: the old one's entries are not its own, even if a
-  damaged frame took the marker with it), check they form one chain (seq
-  and offset), and make the log hold exactly those bytes from the first
-  entry's offset on, *written by this start* even where the log reads back
-  equal: after a failed writeback the page cache keeps the page marked
-  clean, so a read shows bytes the disk never got (PostgreSQL's "fsyncgate").
-  Truncate at the first entry's offset, write the chain (and, where the log
-  matched all of it, the bytes after it, for the torn-tail repair), and
-  sync through descriptors opened before those writes; repeating this after
-  a cut is safe, the journal is untouched until the end. Only then unlink
-  the segments and fsync the folder; a sync error leaves the journal for the
-  next start. If anything could not be applied (damage in the journal or in
-  a log), the segments are kept instead, moved to `journal-damaged-<n>/`,
-  and reported.
+  `born` matches the log's first line (a session deleted and created again
+  under the same id: the old one's entries are not its own, even if a
+  damaged frame took the marker with it; entries of another `born` that do
+  not end in their tombstone are damage: the log's first line may be what
+  changed), check they form one chain (seq and offset), and make the log
+  hold exactly those bytes from the first entry's offset on, *written by
+  this start* even where the log reads back equal: after a failed writeback
+  the page cache keeps the page marked clean, so a read shows bytes the
+  disk never got (PostgreSQL's "fsyncgate"). Truncate at the first entry's
+  offset and write the chain again (fresh blocks: ext4 may keep a failed
+  write's extent "unwritten", and an in-place rewrite of it reads back as
+  zeros after a reboot); where the journal is damaged and the log has bytes
+  past the chain's end (maybe the only copy of records whose frames were
+  lost), write it in place instead (the journal is kept aside anyway). Then
+  sync through descriptors opened before those writes; repeating this after a cut is safe, the journal is
+  untouched until the end. Only then unlink the segments and fsync the
+  folder; a sync error leaves the journal for the next start. If anything
+  could not be applied (damage in the journal or in a log), the segments
+  are kept instead, moved to `journal-damaged-<n>/`, and reported.
 - A missing log is a deletion only when the session's journaled records end
   in its tombstone, or a marker follows them: a birth marker (the id made
   again) or the same marker written by `remove()` for a log removed without
   a tombstone (a damaged one). Otherwise the sessions' disk is not there (not
   mounted yet, a dangling symlink): the start changes nothing and refuses
-  (JournalUnapplied), keeping the journal.
+  (JournalUnapplied), keeping the journal. Where the journal is damaged too
+  the tombstone may have been in the damaged part: the refusal says so, and
+  `sessionlog repair --journal` applies what can be applied and keeps the
+  journal aside (`missing_logs="keep"`).
 - Replay after a crash is bounded by the round's period: at 40,000
   records/s and 1 s, about 40,000 entries (8 MB).
 """
@@ -79,7 +90,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
@@ -208,12 +219,14 @@ class _Chain:
         self.entries: list[Entry] = []
 
 
-def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
+def apply_journal(fs: FileOps, root: str, *, missing_logs: Literal["refuse", "keep"] = "refuse") -> JournalRecovery:
     """Bring every log up to the journal, make the logs durable, remove the
     journal (sync: run it in a worker thread, with the root's lock held).
 
     Raises JournalUnapplied, changing nothing, when a journaled session's log
-    is missing and its records do not end in its deletion (a disk not mounted)."""
+    is missing and its records do not end in its deletion (a disk not
+    mounted); with `missing_logs="keep"` those are reported and the journal
+    kept aside instead (`sessionlog repair --journal`)."""
     rep = JournalRecovery()
     segs, other = list_segments(fs, root)
     for name in other:
@@ -244,16 +257,28 @@ def apply_journal(fs: FileOps, root: str) -> JournalRecovery:
         mine = [e for e in chain.entries if e[4] == born]
         if mine:  # (none: the entries are an earlier session's of this id, deleted)
             plans.append((sid, path, mine))
-    if missing:
+        earlier: dict[int, Entry] = {e[4]: e for e in chain.entries if e[4] != born}  # (the last of each)
+        if any(not _ends_deleted(last) for last in earlier.values()):
+            damaged = True
+            rep.notes.append(f"journal: journaled writes of {sid} match neither its log's first record nor a "
+                             f"deleted session's (a damaged first record?); not applied")
+    if missing and missing_logs == "refuse":
         raise JournalUnapplied(
             f"the journal holds acknowledged records of {len(missing)} session(s) whose log is missing "
             f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}): is the disk holding them "
-            f"mounted? Nothing was changed; the journal is kept for the next start")
+            f"mounted? Nothing was changed; the journal is kept for the next start"
+            + ("" if not damaged else
+               " (the journal is damaged too, so their tombstones may have been in the damaged part: "
+               "`sessionlog repair --journal` applies the rest and keeps the journal aside)"))
+    for path in missing:
+        damaged = True
+        rep.notes.append(f"journal: {path} is missing and its journaled records do not end in a deletion "
+                         f"(not applied)")
     sync = _LogSync(fs)
     try:
         for sid, path, mine in plans:
             notes = len(rep.notes)
-            n = _apply_chain(fs, path, sid, mine, rep, sync)
+            n = _apply_chain(fs, path, sid, mine, rep, sync, kept=damaged)
             damaged = damaged or len(rep.notes) > notes
             if n:
                 rep.records += n
@@ -321,17 +346,29 @@ def _ends_deleted(last: Entry) -> bool:
 def _torn_tail(data: bytes, end: int, want: int) -> bool:
     """Is what follows the last good frame a torn last write (nothing in it was
     acknowledged)? Only a frame cut short (its header, or fewer bytes than its
-    stated length) or zeros (a size that went durable before the data), with
-    no good frame after it. A frame whose stated length is all there but whose
-    checksum fails is ambiguous (a flipped bit in an acknowledged frame): damage."""
+    stated length), zeros, or a frame whose later blocks read as zeros (a
+    size that went durable before the data), with no good frame after it. A
+    frame whose stated length is all there but whose checksum fails
+    otherwise is ambiguous (a flipped bit in an acknowledged frame): damage."""
     rest = len(data) - end
     if data.count(0, end) == rest:
         return True
     if rest >= _HEADER.size:
         magic, _, length, _ = _HEADER.unpack_from(data, end)
-        if magic != _MAGIC or rest - _HEADER.size >= length:
+        if magic != _MAGIC:
             return False
+        if rest - _HEADER.size >= length:  # all there: a flipped bit, unless its later blocks are zeros
+            return rest - _HEADER.size == length and _zeros_from_a_block(data, end + _HEADER.size)
     return not _good_frame_after(data, end, want)
+
+
+def _zeros_from_a_block(data: bytes, body: int) -> bool:
+    """Do the frame's last bytes read as zeros from a 512-byte boundary on (at
+    least 16 of them): blocks whose data never reached the disk behind a size
+    that did. No payload ends in 16 zero bytes (lines are JSON text)."""
+    z = len(data.rstrip(b"\0"))
+    aligned = max(-(-z // 512) * 512, body)
+    return len(data) - aligned >= 16
 
 
 def _good_frame_after(data: bytes, end: int, want: int) -> bool:
@@ -367,10 +404,11 @@ def _keep_damaged(fs: FileOps, root: str, segs: list[tuple[int, str]]) -> str:
 
 
 def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: JournalRecovery,
-                 sync: _LogSync) -> int:
+                 sync: _LogSync, *, kept: bool) -> int:
     """Make the log hold the chain's bytes from its first offset, written by
     this start whether or not the log seems to hold them already; the number
-    of records the log lacked.
+    of records the log lacked. `kept`: the journal is damaged (it will be
+    kept aside, not removed).
 
     Why write what reads back equal: after a failed writeback the kernel
     keeps the page, marked clean, so a read returns the bytes that never
@@ -397,7 +435,7 @@ def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: Jo
             break
         run.append(e)
     journaled = b"".join(e[3] for e in run)
-    have = fs.read_bytes(path, first)
+    have = fs.read_bytes(path, first, len(journaled))
     lacked = 0
     pos = 0
     for e in run:
@@ -405,18 +443,34 @@ def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: Jo
         if lacked or have[pos: pos + n] != e[3]:
             lacked += e[3].count(b"\n")
         pos += n
-    # Bytes past the journal's last record, if the log matched up to it, were
-    # never acknowledged: written back as they were, for the log's own
-    # torn-tail repair; after a difference they go (as a torn tail would).
-    after = have[len(journaled):] if not lacked else b""
+    # How: truncate at the chain's first offset and write it again (with the
+    # bytes after it where the log matched it all, for the torn-tail repair;
+    # after a difference they go, as a torn tail would).
+    # Not in place: after a failed writeback ext4 may keep the extent
+    # "unwritten" on disk, and a rewrite of the same blocks is written but
+    # reads back as zeros after a reboot (seen on the test's failing disk);
+    # freed and allocated again, the blocks are written for real. Where the
+    # journal is damaged, though, bytes past the chain's end may be the only
+    # copy of records whose frames it lost, and a cut between the truncate and
+    # the write would take them: there the chain is written in place, and the
+    # journal is kept aside whatever the sync says.
+    tail = fs.read_bytes(path, first + len(journaled))  # past the chain's end
     sync.watch(os.path.dirname(path))
-    fs.truncate(path, first)
-    fd = fs.open_append(path)
-    try:
-        fs.write(fd, journaled + after)
-        sync.written(fd)
-    finally:
-        fs.close(fd)
+    if tail and (kept or len(run) < len(entries)):
+        fd = fs.open_write(path)
+        try:
+            fs.pwrite(fd, journaled, first)
+            sync.written(fd)
+        finally:
+            fs.close(fd)
+    else:
+        fs.truncate(path, first)
+        fd = fs.open_append(path)
+        try:
+            fs.write(fd, journaled + (b"" if lacked else tail))
+            sync.written(fd)
+        finally:
+            fs.close(fd)
     rep.rewritten += 1
     return lacked
 

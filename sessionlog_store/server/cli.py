@@ -171,11 +171,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     from sessionlog_store.projections.rebuild import repair, repair_projects
-    if args.target is None and not args.project_log:
-        raise CannotRun("repair needs a session id, `projects`, or --project-log")
+    if args.target is None and not args.project_log and not args.journal:
+        raise CannotRun("repair needs a session id, `projects`, --project-log or --journal")
     root = _existing_store(args.root)
     fd = lock_root(root)
     try:
+        if args.journal:
+            from sessionlog_store.eventstore.journal import apply_journal
+            rep = apply_journal(OS_FILES, root, missing_logs="keep")
+            print(rep.summary())
+            for note in rep.notes:
+                print(note)
+            return EXIT_OK
         from sessionlog_store.eventstore.log import log_path
         # `projects` names the project log, unless a session has that id (then
         # `--project-log` names the project log).
@@ -582,6 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--root", default=default_root(), help=root_help)
     f.add_argument("target", metavar="SESSION_ID|projects", nargs="?")
     f.add_argument("--project-log", action="store_true", help="repair the project log (projects/log.jsonl)")
+    f.add_argument("--journal", action="store_true",
+                   help="apply the journal where a start refuses to (logs missing, and the journal damaged): "
+                        "what can be applied is, the journal is kept in journal-damaged-N")
     f.add_argument("--allow-empty", action="store_true",
                    help="allow a repair that keeps no record (damage in line 1); the log is emptied, "
                         "its bytes kept beside it, and the session stays listed as damaged")
