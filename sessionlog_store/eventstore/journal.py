@@ -435,7 +435,8 @@ def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: Jo
             break
         run.append(e)
     journaled = b"".join(e[3] for e in run)
-    have = fs.read_bytes(path, first, len(journaled))
+    held = fs.read_bytes(path, first)  # the log from the chain's first offset (one read)
+    have, tail = held[:len(journaled)], held[len(journaled):]  # tail: past the chain's end
     lacked = 0
     pos = 0
     for e in run:
@@ -454,7 +455,6 @@ def _apply_chain(fs: FileOps, path: str, sid: str, entries: list[Entry], rep: Jo
     # copy of records whose frames it lost, and a cut between the truncate and
     # the write would take them: there the chain is written in place, and the
     # journal is kept aside whatever the sync says.
-    tail = fs.read_bytes(path, first + len(journaled))  # past the chain's end
     sync.watch(os.path.dirname(path))
     if tail and (kept or len(run) < len(entries)):
         fd = fs.open_write(path)

@@ -159,11 +159,16 @@ async def export(store: SessionStore, user: str, out: IO[bytes]) -> Holdings:
         "projects": [{"id": p.id, "name": p.name, "path": p.path} for p in h.projects],
     }
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        _add(tar, "manifest.json", json.dumps(manifest, indent=1, ensure_ascii=False).encode() + b"\n")
+        # (the tar's writes go to a file or a pipe: in a worker thread, as the reads)
+        await trio.to_thread.run_sync(_add, tar, "manifest.json",
+                                      json.dumps(manifest, indent=1, ensure_ascii=False).encode() + b"\n")
         for m in h.sessions:
-            data = await trio.to_thread.run_sync(read_log, store.fs, store.root, m.id)
-            _add(tar, f"sessions/{m.id}/log.jsonl", data)
+            await trio.to_thread.run_sync(_export_log, store, tar, m.id)
     return h
+
+
+def _export_log(store: SessionStore, tar: tarfile.TarFile, sid: str) -> None:
+    _add(tar, f"sessions/{sid}/log.jsonl", read_log(store.fs, store.root, sid))
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
