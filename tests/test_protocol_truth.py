@@ -38,6 +38,20 @@ async def fresh_rows(c: Client) -> dict[str, dict]:
     return {r["id"]: r for r in listed["rows"]}
 
 
+async def patched_rows_settle(watcher: Client, start: dict[str, dict], reader: Client) -> dict[str, dict]:
+    """The rows a page holds after applying every push so far to `start`,
+    once they equal what a fresh list returns (a push still in flight on a
+    busy machine is waited for, not raced by a sleep). Fails after 30 s."""
+    with trio.fail_after(30):
+        while True:
+            rows = {k: dict(v) for k, v in start.items()}
+            for f in watcher.pushes:
+                apply_push(rows, f)
+            if rows == await fresh_rows(reader):
+                return rows
+            await trio.sleep(0.05)
+
+
 async def wait_status(c: Client, sid: str, status: str, after: int = 0) -> dict:
     with trio.fail_after(30):
         while True:
@@ -61,10 +75,9 @@ async def test_a_client_that_only_listed_sees_replies_start_and_end(root, nurser
         await wait_status(lister, sid, "running", lister.pushes.index(idle) + 1)
         await chatter.request("stop", session_id=sid, msg_id=stop_ack["reply_id"])
         await wait_status(lister, sid, "idle", lister.pushes.index(idle) + 1)
-        await trio.sleep(0.3)  # titles and the last pushes land
-        for f in lister.pushes:
-            apply_push(rows, f)
-        assert rows == await fresh_rows(late), "rows patched live equal a late client's list"
+        # Rows patched live come to equal a late client's list (titles and
+        # the last pushes land when they land).
+        await patched_rows_settle(lister, rows, late)
 
 
 async def test_regenerate_then_switch_branches_restores_the_exact_view(root, nursery):

@@ -158,7 +158,7 @@ async def test_a_refused_relocation_of_a_damaged_session_leaves_the_project_alon
 
 
 async def test_rows_patched_from_pushes_follow_a_relocation(root, nursery, tmp_path):
-    from .test_protocol_truth import apply_push, fresh_rows
+    from .test_protocol_truth import fresh_rows, patched_rows_settle
     server = await start_server(nursery, root, speed=0.0, tokens=(2, 3))
     a, moved = tmp_path / "a", tmp_path / "moved"
     a.mkdir()
@@ -171,10 +171,7 @@ async def test_rows_patched_from_pushes_follow_a_relocation(root, nursery, tmp_p
             await c.wait_done(x["session_id"], x["reply_id"])
         a.rename(moved)
         await c.request("relocate_project", session_id=acks[0]["session_id"], project_id=pa["id"], path=str(moved))
-        await trio.sleep(0.3)
-        for f in watcher.pushes:
-            apply_push(rows, f)
-        assert rows == await fresh_rows(watcher)
+        rows = await patched_rows_settle(watcher, rows, watcher)
         assert all(rows[x["session_id"]]["project"]["path"] == str(moved) for x in acks)
 
 
