@@ -30,6 +30,19 @@ class UnknownSession(EventStoreError, KeyError):
         return f"unknown session {self.args[0]!r}" if self.args else "unknown session"
 
 
+class MessageFinished(EventStoreError):
+    """The caller appended a progress or a finalize to a message whose
+    finalize is in the log already (another worker stopped or swept it, or
+    this one did): refused, nothing appended. Nothing follows a finalize."""
+
+    def __init__(self, session_id: str, msg_id: str) -> None:
+        super().__init__(session_id, msg_id)
+        self.session_id, self.msg_id = session_id, msg_id
+
+    def __str__(self) -> str:
+        return f"session {self.session_id}: message {self.msg_id} is finalized already"
+
+
 class SeqConflict(EventStoreError):
     """An append expected a different last seq: the optimistic-concurrency signal."""
 

@@ -58,7 +58,8 @@ import trio
 
 from .backend import RecordListener
 from .commit import Appended, CommitStatistics
-from .errors import CorruptRecord, RecordTooLarge, SessionExists, StoreBroken, StoreClosed, UnknownSession
+from .errors import (CorruptRecord, MessageFinished, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
+                     UnknownSession)
 from .events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
@@ -80,7 +81,7 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 DIRECT_GETS: Final = 16
 class _Session:
     __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
-                 "renumber", "refused")
+                 "renumber", "refused", "finished")
 
     def __init__(self) -> None:
         # Names this incarnation of the id in message ids: a session deleted and
@@ -100,6 +101,13 @@ class _Session:
         self.moved_to: _Session | None = None
         self.renumber: dict[int, int] = {}
         self.refused: BaseException | None = None
+        # The messages whose finalize this log has seen (appended here, the
+        # tail's, a rebase's read): nothing of theirs is appended after it.
+        self.finished: set[str] = set()
+
+    def took(self, ev: Event) -> None:
+        if type(ev) is MessageFinalized:
+            self.finished.add(ev.msg_id)
 
     @property
     def pending(self) -> bool:
@@ -211,6 +219,14 @@ class JetStreamLog:
     def _add(self, session_id: str, sess: _Session, events: Sequence[Event]) -> list[Appended]:
         ts = time.time()
         out = []
+        # Nothing of a message follows its finalize, on any path: a producer
+        # whose reply was stopped or swept (by another worker, or by this
+        # one), a second finalize. Refused before anything is added.
+        done = sess.finished
+        if done:
+            for ev in events:
+                if type(ev) in (MessageProgress, MessageFinalized) and ev.msg_id in done:  # type: ignore[union-attr]
+                    raise MessageFinished(session_id, ev.msg_id)  # type: ignore[union-attr]
         # Encode everything first: a record over the servers' message size
         # leaves the session unchanged.
         lines = [encode_record(sess.last_seq + i, ts, ev) for i, ev in enumerate(events, 1)]
@@ -225,6 +241,7 @@ class JetStreamLog:
             sess.last_seq += 1
             sess.end += len(line)
             pending.append((sess.last_seq, line))
+            sess.took(ev)
             rec = Record(sess.last_seq, ts, ev)
             if self.stream_listeners:  # (handed to them when the tail brings the message)
                 self._unacked.setdefault(session_id, {})[sess.last_seq] = rec
@@ -384,6 +401,7 @@ class JetStreamLog:
         new.born = old.born
         new.stream_seq, new.end = last, len(data)
         new.last_seq = new.durable_seq = records[-1].seq if records else 0
+        new.finished = finalized
         old.moved_to = new
         new.deferred = [d for d in old.deferred if d[1] > last]  # the tail's, after the read
         self._unacked.pop(session_id, None)  # (renumbered: the tail's copies are decoded)
@@ -412,6 +430,7 @@ class JetStreamLog:
                     continue
                 dropped = False
                 new.last_seq += 1
+                new.took(ev)
                 line = encode_record(new.last_seq, rec.ts, rec.event)
                 new.end += len(line)
                 old.renumber[old_seq] = new.last_seq
@@ -492,6 +511,7 @@ class JetStreamLog:
             if rec.seq <= sess.last_seq:
                 continue  # known already
             sess.last_seq = sess.durable_seq = rec.seq
+            sess.took(rec.event)
             for listener in self.listeners:
                 listener(sid, rec, end)
             taken.append(rec)

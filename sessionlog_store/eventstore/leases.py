@@ -30,9 +30,10 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from .errors import UnknownSession
-from .events import MessageCreated, MessageFinalized
-from .jetstream import JetStreamLog
+from .errors import MessageFinished, UnknownSession
+from .events import Event, MessageCreated, MessageFinalized, SessionCreated, SessionFlags
+from .jetstream import WRONG_LAST_SEQUENCE, JetStreamLog
+from .record import Record
 from .natsio import unanswered, until_led
 
 log = logging.getLogger("sessionlog.leases")
@@ -59,6 +60,14 @@ class LeaseTaken(Exception):
     """The reply has a lease already (another worker streams it)."""
 
 
+def _gone(e: BaseException) -> bool:
+    """The entry is not the revision expected, or not there: another worker
+    took it (nats-py names the first KeyWrongLastSequenceError, or answers a
+    delete with a plain BadRequestError carrying JetStream's code)."""
+    return (type(e).__name__ in ("KeyWrongLastSequenceError", "KeyNotFoundError", "KeyDeletedError")
+            or getattr(e, "err_code", None) in WRONG_LAST_SEQUENCE)
+
+
 class Leases:
     """Use `await Leases.open(log)`."""
 
@@ -66,6 +75,7 @@ class Leases:
         self.log, self.kv, self.ttl, self.skew = log, kv, ttl, skew
         self.worker = log.worker
         self._revisions: dict[str, int] = {}  # the revision of each lease this worker holds
+        self._expires: dict[str, float] = {}  # its deadline as last written (wall clock)
         self.finalized: list[tuple[str, str]] = []  # the replies this worker finalized REASON, as it did
 
     @classmethod
@@ -93,18 +103,21 @@ class Leases:
                 return []
         return await log._bridge.run(keys)
 
-    def _value(self) -> bytes:
-        return _ENCODE.encode(Lease(self.worker, time.time() + self.ttl))
+    def _value(self) -> tuple[bytes, float]:
+        expires = time.time() + self.ttl
+        return _ENCODE.encode(Lease(self.worker, expires)), expires
 
     async def acquire(self, session_id: str, msg_id: str, retry_for: float = 30.0) -> None:
         """Make the reply's lease; LeaseTaken if it exists. A try that gets no
         answer (a leader election) is made again for `retry_for` seconds; if
         the entry then exists with this worker's name, that try made it."""
-        key, kv, value, run = lease_key(session_id, msg_id), self.kv, self._value(), self.log._bridge.run
+        key, kv, run = lease_key(session_id, msg_id), self.kv, self.log._bridge.run
+        value, expires = self._value()
         deadline, unanswered_before = time.monotonic() + retry_for, False
         while True:
             try:
                 self._revisions[key] = await run(lambda: kv.create(key, value))
+                self._expires[key] = expires
                 return
             except Exception as e:
                 if type(e).__name__ == "KeyWrongLastSequenceError":
@@ -112,6 +125,7 @@ class Leases:
                         entry = await run(lambda: kv.get(key))
                         if entry.value and _DECODE.decode(entry.value).worker == self.worker:
                             self._revisions[key] = entry.revision
+                            self._expires[key] = _DECODE.decode(entry.value).expires
                             return
                     raise LeaseTaken(key) from None
                 if not unanswered(e) or time.monotonic() > deadline:
@@ -123,6 +137,22 @@ class Leases:
         """This worker holds the reply's lease (it streams the reply, or is
         writing its finalize)."""
         return lease_key(session_id, msg_id) in self._revisions
+
+    def lapsed(self, session_id: str, msg_id: str) -> bool:
+        """This worker holds the reply's lease, but its deadline passed (the
+        worker was paused, or its renewals got no answer) by more than half
+        the clock skew a sweeper allows: another worker may be taking it
+        now, so nothing more of the reply is written here (`forget` it)."""
+        key = lease_key(session_id, msg_id)
+        expires = self._expires.get(key)
+        return key in self._revisions and expires is not None and time.time() > expires + self.skew / 2
+
+    def forget(self, session_id: str, msg_id: str) -> None:
+        """Give up a lapsed lease without touching its entry: it is a
+        sweeper's (this worker's own included) to take and finalize."""
+        key = lease_key(session_id, msg_id)
+        self._revisions.pop(key, None)
+        self._expires.pop(key, None)
 
     async def renew(self, session_id: str, msg_id: str) -> bool:
         """Move the deadline on; False: the lease was taken (stop writing the reply)."""
@@ -141,7 +171,7 @@ class Leases:
         answer: a leader election; try again). A renewal whose answer was
         lost, or a refusal, is checked against the entry: if it holds this
         worker's name it is still ours."""
-        kv, value = self.kv, self._value()
+        kv, (value, expires) = self.kv, self._value()
         todo = [(k, self._revisions[k]) for k in (keys if keys is not None else list(self._revisions))
                 if k in self._revisions]
 
@@ -150,7 +180,7 @@ class Leases:
 
             async def one(key: str, last: int) -> Any:
                 try:
-                    return await kv.update(key, value, last=last)
+                    return await kv.update(key, value, last=last), expires
                 except Exception as e:  # noqa: BLE001 - sorted out below
                     try:
                         entry = await kv.get(key)
@@ -158,36 +188,41 @@ class Leases:
                         return False
                     except Exception:  # noqa: BLE001 - no answer either: unknown
                         return None
-                    if entry.value and _DECODE.decode(entry.value).worker == self.worker:
-                        return entry.revision  # ours still (the lost answer's update, or ours unchanged)
+                    held = _DECODE.decode(entry.value) if entry.value else None
+                    if held is not None and held.worker == self.worker:
+                        return entry.revision, held.expires  # ours still (the lost answer's update, or ours unchanged)
                     return False if type(e).__name__ == "KeyWrongLastSequenceError" else None
             return list(await asyncio.gather(*(one(k, last) for k, last in todo)))
         out: dict[str, bool | None] = {}
         for (key, _), got in zip(todo, await self.log._bridge.run(renew)):
             if got is False:
                 self._revisions.pop(key, None)
+                self._expires.pop(key, None)
                 out[key] = False
             elif got is None:
                 out[key] = None
             else:
                 if key in self._revisions:  # (released meanwhile: stays released)
-                    self._revisions[key] = int(got)
+                    self._revisions[key], self._expires[key] = int(got[0]), float(got[1])
                 out[key] = True
         return out
 
     async def release(self, session_id: str, msg_id: str) -> None:
         key, kv = lease_key(session_id, msg_id), self.kv
         last = self._revisions.pop(key, None)
+        self._expires.pop(key, None)
         if last is not None:
             try:
                 await self.log._bridge.run(lambda: kv.delete(key, last=last))
             except Exception as e:
-                if type(e).__name__ != "KeyWrongLastSequenceError":
+                if not _gone(e):
                     raise  # (taken meanwhile: the taker deletes it)
 
     async def sweep(self) -> list[tuple[str, str]]:
         """Take every expired lease of any worker and finalize its reply
-        (once, whoever else sweeps). Returns the replies this sweep finalized."""
+        (once, whoever else sweeps). Never one this worker holds: its reply
+        is live here (a lapsed one is `forget`-ten first, its producer ended).
+        Returns the replies this sweep finalized."""
         kv, run, skew = self.kv, self.log._bridge.run, self.skew
 
         keys = await self.keys()
@@ -200,16 +235,18 @@ class Leases:
                     entry = await kv.get(key)
                 except KeyNotFoundError:
                     continue
+                if key in self._revisions:
+                    continue  # this worker's own live reply
                 if entry.value and _DECODE.decode(entry.value).expires + skew < time.time():
                     out.append((key, entry.revision))
             return out
         done = []
         for key, revision in await run(expired):
-            value = self._value()
+            value, _ = self._value()
             try:
                 mine = await run(lambda: kv.update(key, value, last=revision))  # exactly one sweeper wins
             except Exception as e:
-                if type(e).__name__ == "KeyWrongLastSequenceError":
+                if _gone(e):
                     continue
                 raise
             session_id, msg_id = key.split(".", 1)
@@ -224,7 +261,8 @@ class Leases:
     async def finalize_orphan(self, session_id: str, msg_id: str) -> bool:
         """With the reply's lease taken: append its finalize `aborted` REASON,
         unless the stream has one, or no placeholder (or the session is
-        gone). True if appended."""
+        gone); and the session's idle flag when it was the session's last
+        running reply. True if appended."""
         try:
             records = await self.log.adopt(session_id)
         except UnknownSession:  # the session went (deleted): nothing to finalize
@@ -233,10 +271,12 @@ class Leases:
             return False
         if not any(isinstance(r.event, MessageCreated) and r.event.msg_id == msg_id for r in records):
             return False  # its worker died between the lease and the placeholder: no reply to end
+        events: list[Event] = [MessageFinalized(msg_id=msg_id, status="aborted", aborted_reason=REASON)]
+        if _running_flag_left(records, msg_id):
+            events.append(SessionFlags(status="idle"))
         try:
-            await self.log.append_many(session_id, [MessageFinalized(msg_id=msg_id, status="aborted",
-                                                                     aborted_reason=REASON)])
-        except UnknownSession:  # deleted meanwhile (by another worker)
+            await self.log.append_many(session_id, events)
+        except (UnknownSession, MessageFinished):  # deleted or finalized meanwhile (by another worker)
             return False
         self.finalized.append((session_id, msg_id))
         return True
@@ -252,3 +292,20 @@ class Leases:
             except NoKeysError:
                 return []
         return await self.log._bridge.run(keys)
+
+
+def _running_flag_left(records: list[Record], msg_id: str) -> bool:
+    """The session is flagged running and `msg_id` is its only running
+    message: its finalize ends the session's run too."""
+    running, status = set(), "idle"
+    for r in records:
+        ev = r.event
+        if isinstance(ev, MessageCreated) and ev.status == "running":
+            running.add(ev.msg_id)
+        elif isinstance(ev, MessageFinalized):
+            running.discard(ev.msg_id)
+        elif isinstance(ev, SessionFlags) and ev.status is not None:
+            status = ev.status
+        elif isinstance(ev, SessionCreated):
+            status = "idle"
+    return status == "running" and running <= {msg_id}

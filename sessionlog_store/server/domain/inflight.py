@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import trio
 
-from sessionlog_store.eventstore.errors import RecordTooLarge, SessionReadOnly, StoreBroken, StoreClosed, UnknownSession
+from sessionlog_store.eventstore.errors import (MessageFinished, RecordTooLarge, SessionReadOnly, StoreBroken,
+                                               StoreClosed, UnknownSession)
 from sessionlog_store.eventstore.events import EVENT_ENCODER, MessageProgress
 from sessionlog_store.eventstore.record import MAX_RECORD_BYTES
 
@@ -178,6 +180,9 @@ class ThrottledSaver:
         self.ticks = 0
         self.late_ticks = 0
         self.failed: BaseException | None = None
+        # On a shared stream (scaleout.py): may this message's progress still be
+        # written? Asked before each write; False ends its producer unwritten.
+        self.may_write: Callable[[InflightMessage], bool] | None = None
         self._work = trio.Event()  # set when a message starts (the saver sleeps while none runs)
 
     def start(self, msg: InflightMessage) -> None:
@@ -213,6 +218,8 @@ class ThrottledSaver:
     def _queue(self, msg: InflightMessage) -> None:
         """Append the message's progress records; a store error ends the
         message's producer (never the saver, never the process)."""
+        if self.may_write is not None and not msg.finished and not self.may_write(msg):
+            return  # (ended by may_write: its pending text is never written nor told)
         events = msg.take_progress()
         if not events:
             return
@@ -225,6 +232,10 @@ class ThrottledSaver:
                     self.es.append_nowait(msg.session_id, ev)
         except UnknownSession:
             self._end(msg, "session deleted")
+        except MessageFinished:  # stopped or swept elsewhere: its finalize is written, ours would follow it
+            msg.finished = True
+            self.end(msg)
+            self._end(msg, "finalized elsewhere")
         except SessionReadOnly:
             self._end(msg, "session quarantined")
         except (StoreBroken, StoreClosed) as e:

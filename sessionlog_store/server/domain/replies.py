@@ -15,6 +15,7 @@ import trio
 
 from sessionlog_store.eventstore import EventStoreError, new_session_id
 from sessionlog_store.eventstore.events import Event, HeadMoved, MessageCreated, MessageFinalized, SessionFlags
+from sessionlog_store.eventstore.errors import MessageFinished
 from sessionlog_store.eventstore.log import scan
 from sessionlog_store.projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
 from sessionlog_store.projections.recovery import fold_until
@@ -166,14 +167,19 @@ class Replies:
         if msg.finished:
             return
         self.saver.flush(msg)
+        if msg.finished:
+            return  # ended by its flush: finalized elsewhere, or (shared stream) its lease lapsed
         msg.finished = True
         self.saver.end(msg)
         if (msg.session_id not in self.registry or self.es.broken is not None
                 or msg.session_id not in self.es or self.es.corruption(msg.session_id) is not None):
             return  # deleted, the store failed, or quarantined: no finalize can be written
         tokens = dict(msg.tokens) if any(msg.tokens.values()) else None
-        await self.append_events(msg.session_id, *self._ending(msg.session_id, MessageFinalized(
-            msg_id=msg.msg_id, status=status, error=error, aborted_reason=reason, tokens=tokens)))  # type: ignore[arg-type]
+        try:
+            await self.append_events(msg.session_id, *self._ending(msg.session_id, MessageFinalized(
+                msg_id=msg.msg_id, status=status, error=error, aborted_reason=reason, tokens=tokens)))  # type: ignore[arg-type]
+        except MessageFinished:
+            pass  # another worker's finalize came first (a stop, a sweep): that one stands
         if self.worker is not None:
             await self.worker.reply_ended(msg.session_id, msg.msg_id)
         if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
@@ -229,8 +235,11 @@ class Replies:
         meta = self.registry.get(session_id)  # (it may have ended while no one answered)
         if meta is None or msg_id not in meta.open_msgs:
             return False
-        await self.append_events(session_id, *self._ending(session_id, MessageFinalized(
-            msg_id=msg_id, status="aborted", aborted_reason="stopped by user")))
+        try:
+            await self.append_events(session_id, *self._ending(session_id, MessageFinalized(
+                msg_id=msg_id, status="aborted", aborted_reason="stopped by user")))
+        except MessageFinished:
+            return False  # it ended meanwhile (its finalize reached this log first)
         return True
 
     async def _message(self, session_id: str, msg_id: str) -> tuple[SessionState, MessageSnapshot]:

@@ -164,6 +164,7 @@ class Worker:
         self.snapshot_loads = 0  # loads that read a snapshot and the messages after it
         es.remote_listeners.append(self.on_remote)
         es.reset_listeners.append(self.on_reset)
+        store.saver.may_write = self.may_write  # (a reply whose lease lapsed writes nothing more)
 
     # -- other workers' records ---------------------------------------------
 
@@ -200,8 +201,8 @@ class Worker:
         if msg is None or msg.finished:
             return
         self._end_here(msg, ev.aborted_reason or ev.status)
-        if self.store._nursery is not None:
-            self.store._nursery.start_soon(self.leases.release, sid, ev.msg_id)
+        if self.store._nursery is not None:  # (its lease may be gone: taken by the one that finalized)
+            self.store._nursery.start_soon(self.reply_ended, sid, ev.msg_id)
 
     def _end_here(self, msg: InflightMessage, reason: str) -> None:
         """End a producer here without a finalize of its own: another worker
@@ -210,6 +211,20 @@ class Worker:
         self.store.saver.end(msg)
         msg.abort_reason = reason
         msg.scope.cancel()
+
+    def may_write(self, msg: InflightMessage) -> bool:
+        """The saver's question before each write of a reply produced here:
+        False (and the producer ended, nothing more of it written, its lease
+        left to a sweeper) when the reply's lease lapsed: the worker was
+        paused, or its renewals went unanswered, past the lease's deadline."""
+        if not self.leases.lapsed(msg.session_id, msg.msg_id):
+            return True
+        log.error("reply %s: its lease lapsed (this worker was paused or cut off for longer than "
+                  "--lease-ttl); it stops here and a sweeper finalizes it", lease_key(msg.session_id, msg.msg_id))
+        self.leases.forget(msg.session_id, msg.msg_id)
+        self.lost.append((msg.session_id, msg.msg_id))
+        self._end_here(msg, "lease expired")
+        return False
 
     def _gone(self, sid: str, owner: str) -> None:
         store = self.store
@@ -421,6 +436,11 @@ class Worker:
         at once (replies still writing their placeholder included)."""
         while True:
             await trio.sleep(self.leases.ttl / 3)
+            if self.es.broken is not None:
+                # Its replies cannot be finalized here: their leases lapse and
+                # other workers' sweepers finalize them.
+                log.error("the store is broken: no more lease renewals; other workers sweep its replies")
+                return
             try:
                 results = await self.leases.renew_all()
             except Exception as e:  # noqa: BLE001 - the stream unavailable: the next round tries again

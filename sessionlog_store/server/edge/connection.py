@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from sessionlog_store.eventstore.errors import (InvalidSessionId, RecordTooLarge, SessionReadOnly, StoreBroken,
-                                                StoreClosed, UnknownSession)
+from sessionlog_store.eventstore.errors import (InvalidSessionId, MessageFinished, RecordTooLarge, SessionReadOnly,
+                                                StoreBroken, StoreClosed, UnknownSession)
 from sessionlog_store.eventstore.ids import new_session_id, validate_session_id
 from sessionlog_store.projections.session import SessionMeta, SessionState
 from sessionlog_store.server.domain.errors import Conflict, NotFound, ServiceError, unknown_session
@@ -50,6 +50,8 @@ def _error_of(e: BaseException) -> tuple[str, str]:
             return "unknown_session", str(e)
         case SessionReadOnly():
             return "read_only", str(e)
+        case MessageFinished():
+            return "message_finished", str(e)
         case RecordTooLarge():
             return "frame_too_large", str(e)
         case StoreBroken() | StoreClosed():

@@ -1,0 +1,294 @@
+"""Gray failures on a shared stream (issue 25), on a real 3-node cluster: a
+worker paused (SIGSTOP/SIGCONT by pid) past its leases' time to live while
+its replies stream. Another worker's sweeper (or its own, when it is alone)
+finalizes them; the paused one, once it runs again, must not crash, must not
+write anything of a reply after its finalize, must not tell its clients text
+the stream does not hold, and the swept sessions end idle. Below them, the
+lease and log rules each step relies on, one by one."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress, SessionFlags
+from sessionlog_store.server.edge.client import Client, open_client
+
+from .nats_cluster import NatsCluster, _free_ports
+from .test_leases import finalizes, opened, start_reply
+from .test_scaleout import TOKEN, Worker
+
+pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+
+
+# -- the rules, one by one -------------------------------------------------------
+
+async def _past(expires: float) -> None:
+    """Until the wall clock is past `expires` (a lease's deadline: waiting
+    longer only makes it more expired)."""
+    while time.time() <= expires:
+        await trio.sleep(0.05)
+
+
+async def test_releasing_a_lease_another_worker_took_is_quiet(nats_cluster):
+    """Item 1: the paused worker's release, after a sweeper took and deleted
+    its lease, raised nats-py's BadRequestError 10071 into the store's
+    nursery and ended the process."""
+    from sessionlog_store.eventstore.leases import Leases
+    async with opened(nats_cluster, "PAUSE1") as a, opened(nats_cluster, "PAUSE1") as b:
+        la, lb = await Leases.open(a, ttl=0.5, skew=0.1), await Leases.open(b, ttl=5, skew=0.1)
+        await start_reply(a, "s1", "m1")
+        await la.acquire("s1", "m1")
+        await _past(time.time() + 0.5 + 0.1)
+        assert await lb.sweep() == [("s1", "m1")]
+        assert await lb.keys() == [], "the sweeper deleted the lease"
+        await la.release("s1", "m1")  # gone: nothing to release, and no error
+        assert not la.holds("s1", "m1")
+
+
+async def test_a_sweeper_never_takes_its_own_live_reply(nats_cluster):
+    """Item 2: a worker's own sweeper took its own expired lease and wrote
+    the finalize while its producer went on writing. It leaves a lease it
+    holds alone; the lease lapsed is given up (`forget`) with the producer
+    ended, and only then swept, once."""
+    from sessionlog_store.eventstore.leases import Leases
+    async with opened(nats_cluster, "PAUSE2") as a:
+        la = await Leases.open(a, ttl=0.5, skew=0.1)
+        await start_reply(a, "s1", "m1")
+        await la.acquire("s1", "m1")
+        await _past(time.time() + 0.5 + 0.1)
+        assert la.lapsed("s1", "m1")
+        assert await la.sweep() == [], "its own live reply's lease is not taken"
+        assert finalizes(await a.read("s1"), "m1") == []
+        la.forget("s1", "m1")
+        assert await la.sweep() == [("s1", "m1")]
+        assert [f.aborted_reason for f in finalizes(await a.read("s1"), "m1")] == ["worker restart"]
+
+
+async def test_nothing_is_appended_to_a_message_after_its_finalize(nats_cluster):
+    """Item 2: progress records after a finalize from the same writer passed
+    the fence. A progress or a second finalize of a finalized message is
+    refused, whoever wrote the finalize, and changes nothing."""
+    from sessionlog_store.eventstore.errors import MessageFinished
+    async with opened(nats_cluster, "PAUSE3") as a, opened(nats_cluster, "PAUSE3") as b:
+        await start_reply(a, "s1", "m1")
+        await a.append_many("s1", [MessageProgress(msg_id="m1", content_delta="hello", offset=0)])
+        await a.append_many("s1", [MessageFinalized(msg_id="m1", status="aborted", aborted_reason="worker restart")])
+        for late in (MessageProgress(msg_id="m1", content_delta=" more", offset=5),
+                     MessageFinalized(msg_id="m1", status="aborted", aborted_reason="server shutdown")):
+            with pytest.raises(MessageFinished):
+                a.append_nowait("s1", late)
+            with pytest.raises(MessageFinished):
+                await a.append_many("s1", [late])
+        # another writer's finalize, brought by the tail
+        await start_reply(b, "s2", "m2")
+        with trio.fail_after(30):
+            while "s2" not in a:
+                await trio.sleep(0.02)
+        await b.append_many("s2", [MessageFinalized(msg_id="m2", status="aborted", aborted_reason="stopped by user")])
+        with trio.fail_after(30):
+            while a.last_seq("s2") < 3:
+                await trio.sleep(0.02)
+        with pytest.raises(MessageFinished):
+            await a.append_many("s2", [MessageProgress(msg_id="m2", content_delta="late", offset=0)])
+        await a.flush()
+        for sid, mid in (("s1", "m1"), ("s2", "m2")):
+            records = await b.read(sid)
+            end = [i for i, r in enumerate(records) if isinstance(r.event, MessageFinalized)]
+            assert len(end) == 1 and end[0] == len(records) - 1, [type(r.event).__name__ for r in records]
+
+
+async def test_a_swept_reply_leaves_its_session_idle(nats_cluster):
+    """Item 4: the sweeper's finalize came with no idle flag, so a swept
+    session was listed `running` for ever."""
+    from sessionlog_store.eventstore.leases import Leases
+    async with opened(nats_cluster, "PAUSE4") as a, opened(nats_cluster, "PAUSE4") as b:
+        la, lb = await Leases.open(a, ttl=0.5, skew=0.1), await Leases.open(b, ttl=5, skew=0.1)
+        for sid in ("s1", "s2"):
+            await start_reply(a, sid, "m1")
+            await a.append_many(sid, [SessionFlags(status="running")])
+            await la.acquire(sid, "m1")
+        # s2 has a second reply, still live (its lease renewed): s2 stays running
+        await a.append_many("s2", [MessageCreated(msg_id="m2", role="assistant", kind="llm_reply", status="running")])
+        await la.acquire("s2", "m2")
+        expires = time.time() + 0.5 + 0.1
+        while time.time() <= expires:
+            await la.renew("s2", "m2")
+            await trio.sleep(0.1)
+        assert sorted(await lb.sweep()) == [("s1", "m1"), ("s2", "m1")]
+        s1, s2 = await b.read("s1"), await b.read("s2")
+        assert [type(r.event) for r in s1[-2:]] == [MessageFinalized, SessionFlags]
+        assert s1[-1].event.status == "idle"  # type: ignore[union-attr]
+        assert isinstance(s2[-1].event, MessageFinalized), "another reply runs: the session stays running"
+
+
+# -- a paused worker, end to end -----------------------------------------------------
+
+@pytest.fixture
+def pair(nats_cluster: NatsCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Worker]]:
+    stream = "P" + request.node.name.replace("test_", "")[:30].replace("_", "")
+    made = [Worker(nats_cluster, tmp_path / f"w{i}", port, stream, "--agent-speed", "3")
+            for i, port in enumerate(_free_ports(2))]
+    try:
+        yield made
+    finally:
+        for w in made:
+            if w.proc is not None and w.proc.poll() is None:
+                os.kill(w.proc.pid, signal.SIGCONT)
+            w.stop()
+
+
+async def _until(pred, within: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(within):
+        while not pred():
+            await trio.sleep(0.05)
+
+
+async def _follow(c: Client, sid: str) -> None:
+    """Subscribe to the session's running messages from their first
+    character (so that the frames alone tell everything the client was told)."""
+    for m in (await c.request("load_session", session_id=sid))["messages"]:
+        if m["status"] in ("pending", "running"):
+            await c.request("subscribe_msg", session_id=sid, msg_id=m["msg_id"], offset=0)
+
+
+async def _start_replies(c: Client, n: int) -> dict[str, str]:
+    """n chats, each its own session, followed; reply -> session."""
+    replies = {}
+    for i in range(n):
+        ack = await c.request("chat", content=f"a long story number {i}, please")
+        replies[ack["reply_id"]] = ack["session_id"]
+        await _follow(c, ack["session_id"])
+    await _until(lambda: all(len(c.content.get((s, r), "")) > 20 for r, s in replies.items()))
+    return replies
+
+
+def _told(c: Client, sid: str, mid: str) -> list[tuple[str, str]]:
+    """Every text the client was told of the message, as it stood after each
+    update, with the update's status."""
+    assert c.frames is not None
+    have, out = "", []
+    for text in c.frames:
+        f = msgspec.json.decode(text)
+        if f.get("type") != "msg_update" or (f["data"]["session_id"], f["data"]["msg_id"]) != (sid, mid):
+            continue
+        u = f["data"]
+        have = have[:u["offset"]] + u["content_delta"]
+        out.append((have, u["status"]))
+    return out
+
+
+async def _stream_truth(cluster: NatsCluster, stream: str, sids: set[str]) -> dict[str, list[Any]]:
+    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    async with open_jetstream_log(cluster.urls, stream=stream, prefix=f"sl.{stream}", replay=True) as log:
+        return {sid: await log.read(sid) for sid in sids}
+
+
+def _check_stream(records: list[Any]) -> dict[str, tuple[str, str | None, str]]:
+    """Per message: one finalize, nothing of it after; its (status, reason, content)."""
+    seen: dict[str, str] = {}
+    ended: dict[str, tuple[str, str | None, str]] = {}
+    for r in records:
+        ev = r.event
+        if isinstance(ev, MessageCreated):
+            seen[ev.msg_id] = ev.content or ""
+        elif isinstance(ev, MessageProgress):
+            assert ev.msg_id not in ended, f"a progress of {ev.msg_id} after its finalize (seq {r.seq})"
+            seen[ev.msg_id] = seen[ev.msg_id][:ev.offset] + ev.content_delta
+        elif isinstance(ev, MessageFinalized):
+            assert ev.msg_id not in ended, f"a second finalize of {ev.msg_id} (seq {r.seq})"
+            ended[ev.msg_id] = (ev.status, ev.aborted_reason,
+                                ev.content if ev.content is not None else seen[ev.msg_id])
+    assert [r.seq for r in records] == list(range(1, len(records) + 1)), "seqs without gaps or repeats"
+    return ended
+
+
+async def _check_clients(c: Client, truth: dict[str, list[Any]], replies: dict[str, str]) -> None:
+    for mid, sid in replies.items():
+        ended = _check_stream(truth[sid])
+        status, reason, content = ended[mid]
+        told = _told(c, sid, mid)
+        assert told and told[-1] == (content, status), (mid, told[-1:], (content, status))
+        for text, st in told:
+            assert content.startswith(text), f"told text the stream does not hold ({st}): {text[len(content):]!r}"
+
+
+@pytest.mark.slow
+async def test_a_worker_paused_past_its_leases_loses_them_cleanly(pair, nats_cluster):
+    """Items 1-4: one streams four replies and is paused; two's sweeper
+    finalizes them `aborted` "worker restart"; one, continued, stays up, tells
+    its clients the stream's ends (and never text the stream lacks), writes
+    nothing after a finalize; the swept sessions are idle everywhere."""
+    one, two = pair
+    one.start(), two.start()
+    async with open_client("127.0.0.1", one.port, TOKEN, record=True) as a, \
+            open_client("127.0.0.1", two.port, TOKEN, record=True) as b:
+        replies = await _start_replies(a, 4)
+        for sid in set(replies.values()):
+            await _until(lambda: sid in {f["data"]["session"]["id"] for f in b.pushes
+                                         if f["type"] == "session_created"})
+            await _follow(b, sid)
+        assert one.proc is not None
+        os.kill(one.proc.pid, signal.SIGSTOP)
+        with trio.fail_after(90):  # two's sweeper takes the paused worker's replies
+            for mid, sid in replies.items():
+                assert await b.wait_done(sid, mid) == "aborted"
+        os.kill(one.proc.pid, signal.SIGCONT)
+        with trio.fail_after(60):
+            for mid, sid in replies.items():
+                await a.wait_done(sid, mid)
+        for c in (a, b):  # the swept sessions end idle, on both workers
+            await _until(lambda: all(r["status"] == "idle" for r in c_rows(c) if r["id"] in replies.values()))
+            rows = (await c.request("list_sessions"))["rows"]
+            assert {r["id"]: r["status"] for r in rows if r["id"] in replies.values()} == \
+                {sid: "idle" for sid in replies.values()}
+        assert one.proc.poll() is None, "the paused worker is still up"
+        truth = await _stream_truth(nats_cluster, one.stream, set(replies.values()))
+        for c in (a, b):
+            await _check_clients(c, truth, replies)
+        ends = Counter(_check_stream(truth[sid])[mid][:2] for mid, sid in replies.items())
+        assert ends == {("aborted", "worker restart"): 4}, ends
+
+
+def c_rows(c: Client) -> list[dict[str, Any]]:
+    """The rows a page holds from the list pushes so far (the last of each)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for f in c.pushes:
+        if f["type"] == "session_created":
+            rows[f["data"]["session"]["id"]] = dict(f["data"]["session"])
+        elif f["type"] == "session_updated" and f["data"]["id"] in rows:
+            rows[f["data"]["id"]].update(f["data"])
+    return list(rows.values())
+
+
+@pytest.mark.slow
+async def test_a_lone_worker_paused_past_its_leases_sweeps_them_once(pair, nats_cluster):
+    """Item 2 end to end: alone on the stream, the paused worker's own
+    sweeper is the one that finds the expired leases when it runs again. Its
+    producers end unwritten, its sweeper finalizes each reply once, nothing
+    follows a finalize, and its clients are told the stream's ends."""
+    one, _ = pair
+    one.start()
+    async with open_client("127.0.0.1", one.port, TOKEN, record=True) as a:
+        replies = await _start_replies(a, 4)
+        assert one.proc is not None
+        os.kill(one.proc.pid, signal.SIGSTOP)
+        await trio.sleep(5.0)  # the pause itself: past --lease-ttl 2 plus the 2 s clock skew
+        os.kill(one.proc.pid, signal.SIGCONT)
+        with trio.fail_after(60):
+            for mid, sid in replies.items():
+                assert await a.wait_done(sid, mid) == "aborted"
+        await _until(lambda: all(r["status"] == "idle" for r in c_rows(a) if r["id"] in replies.values()))
+        assert one.proc.poll() is None
+        truth = await _stream_truth(nats_cluster, one.stream, set(replies.values()))
+        await _check_clients(a, truth, replies)
+        ends = Counter(_check_stream(truth[sid])[mid][:2] for mid, sid in replies.items())
+        assert ends == {("aborted", "worker restart"): 4}, ends
