@@ -292,3 +292,61 @@ async def test_a_lone_worker_paused_past_its_leases_sweeps_them_once(pair, nats_
         await _check_clients(a, truth, replies)
         ends = Counter(_check_stream(truth[sid])[mid][:2] for mid, sid in replies.items())
         assert ends == {("aborted", "worker restart"): 4}, ends
+
+
+async def test_a_client_is_told_only_what_the_stream_holds(nats_cluster, tmp_path):
+    """Item 3: a progress was told to subscribers when appended, before the
+    stream's fence refused it (another worker finalized the reply first) and
+    the rebase dropped it. On a shared stream an update is told once the
+    stream holds it, at the seq it holds it. The window is widened on
+    purpose: a's publishes wait while b writes the finalize."""
+    from .test_workers import until, worker
+    async with worker(nats_cluster, tmp_path, "a", "PAUSE5") as a, worker(nats_cluster, tmp_path, "b", "PAUSE5") as b:
+        meta, _ = await a.create_session(first_message="go")
+        sid = meta.id
+        crossing, opened = a.es._bridge.run, trio.Event()
+        held = [False]
+
+        async def gated(fn):  # type: ignore[no-untyped-def]
+            if held[0]:
+                await opened.wait()
+            return await crossing(fn)
+        a.es._bridge.run = gated  # type: ignore[method-assign]
+        got: list[Any] = []
+        box: dict[str, Any] = {}
+
+        async def produce() -> None:
+            async with a.inflight(sid) as msg:
+                box["mid"] = msg.msg_id
+                msg.write("said and stored. ")
+                await trio.sleep_forever()
+
+        async def follow() -> None:
+            await until(lambda: "mid" in box)
+            async for u in await a.subscribe(sid, box["mid"], offset=0):
+                got.append(u)
+                if u.status in ("done", "error", "aborted"):
+                    return
+        async with trio.open_nursery() as n:
+            n.start_soon(produce)
+            n.start_soon(follow)
+            await until(lambda: any("stored" in u.content_delta for u in got))
+            mid = box["mid"]
+            held[0] = True
+            a.saver.active[(sid, mid)].write("NEVER ON THE STREAM")
+            await until(lambda: a.es.last_seq(sid) > a.es.durable_seq(sid))  # appended, its publish waiting
+            await until(lambda: sid in b.registry and mid in b.registry.get(sid).open_msgs)
+            await b.finalize_message(sid, mid, "aborted", reason="stopped by user")
+            opened.set()
+            held[0] = False
+        records = await b.es.read(sid)
+        [fin] = [r for r in records if isinstance(r.event, MessageFinalized)]
+        stored = "".join(r.event.content_delta for r in records
+                         if isinstance(r.event, MessageProgress) and r.event.msg_id == mid)
+        assert "NEVER" not in stored, "the fence refused a's late progress"
+        text = ""
+        for u in got:
+            text = text[:u.offset] + u.content_delta
+            assert stored.startswith(text), f"told text the stream does not hold: {u}"
+            assert u.seq <= fin.seq and u.durable_seq >= u.seq, u
+        assert (got[-1].status, got[-1].aborted_reason, got[-1].seq) == ("aborted", "stopped by user", fin.seq)

@@ -502,8 +502,9 @@ class EventStore:
         if batch.error is not None:
             raise StoreBroken(f"the batch holding this record failed: {batch.error}") from batch.error
 
-    async def wait_durable(self, session_id: str, seq: int) -> None:
-        """Wait until the session's record `seq` is durable."""
+    async def wait_durable(self, session_id: str, seq: int) -> int:
+        """Wait until the session's record `seq` is durable; returns `seq`
+        (the contract's answer: a shared stream's rebase may renumber it)."""
         sess = self._session(session_id)
         while sess.durable_seq < seq:
             if self._broken is not None:
@@ -516,6 +517,7 @@ class EventStore:
                 await self._wait(committing)
             else:
                 await self._wait(self._batch)
+        return seq
 
     async def flush(self) -> None:
         """Wait until everything appended so far is durable and in its log

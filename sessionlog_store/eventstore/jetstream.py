@@ -279,7 +279,9 @@ class JetStreamLog:
         self._check_open()
         return self._add(session_id, self._session(session_id), [event])[0]
 
-    async def wait_durable(self, session_id: str, seq: int) -> None:
+    async def wait_durable(self, session_id: str, seq: int) -> int:
+        """Wait until the session's record `seq` is on the stream; returns its
+        seq there (a rebase after a conflict renumbers this log's records)."""
         sess = self._sessions.get(session_id)
         if sess is None:
             raise UnknownSession(session_id)
@@ -291,7 +293,7 @@ class JetStreamLog:
             if sess.refused is not None:
                 raise sess.refused
             if sess.durable_seq >= seq:
-                return
+                return seq
             self._check_open()
             await self._durable.wait()
 

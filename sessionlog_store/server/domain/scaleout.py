@@ -162,8 +162,13 @@ class Worker:
         self.checkpointed = start.position if start is not None else 0  # the stream sequence last written as of
         self._snapshot_end: dict[str, int] = {}  # a session's lines' length in its last snapshot read or written
         self.snapshot_loads = 0  # loads that read a snapshot and the messages after it
+        # This worker's progress updates until the stream acknowledges them
+        # (by session): a conflict may renumber or drop them, so a client is
+        # told only what the stream holds, at the seq it holds it.
+        self._held: dict[str, list[MsgUpdate]] = {}
         es.remote_listeners.append(self.on_remote)
         es.reset_listeners.append(self.on_reset)
+        es.batch_listeners.append(self._release_held)
         store.saver.may_write = self.may_write  # (a reply whose lease lapsed writes nothing more)
 
     # -- other workers' records ---------------------------------------------
@@ -193,6 +198,25 @@ class Worker:
         elif before is not None:
             store._row_before[sid] = before
             store._after_append(sid)
+
+    def hold(self, update: MsgUpdate) -> None:
+        """A progress update of this worker's, told once the stream has it."""
+        self._held.setdefault(update.session_id, []).append(update)
+
+    def _release_held(self, records: int, opened: float, acked: float) -> None:
+        """After each acknowledged batch: tell what the stream now holds."""
+        hub, es = self.store.hub, self.es
+        for sid in list(self._held):
+            held = self._held[sid]
+            durable = es.durable_seq(sid) if sid in es else -1
+            ready = 0
+            while ready < len(held) and held[ready].seq <= durable:
+                hub.publish(msgspec.structs.replace(held[ready], durable_seq=durable))
+                ready += 1
+            if durable < 0 or ready == len(held):
+                del self._held[sid]  # (a session gone: its updates with it)
+            elif ready:
+                del held[:ready]
 
     def _finished_elsewhere(self, sid: str, ev: MessageFinalized) -> None:
         """Another worker finalized a reply produced here (a user's stop sent
@@ -251,6 +275,16 @@ class Worker:
         self.running.drop(sid)
         for rec in records:
             self.running.apply(sid, rec, end)
+        # This worker's updates held for the ack: as the rebase left them
+        # (renumbered; those of a message finalized elsewhere dropped).
+        if self._held.pop(sid, None) is not None:
+            durable = self.es.durable_seq(sid) if sid in self.es else 0
+            for rec in records:
+                ev = rec.event
+                if rec.seq > durable and type(ev) is MessageProgress and store.hub.wants(sid, ev.msg_id):
+                    self.hold(MsgUpdate(session_id=sid, msg_id=ev.msg_id, seq=rec.seq, offset=ev.offset,
+                                        content_delta=ev.content_delta, status="running", tree=ev.context_tree,
+                                        tokens=ev.partial_tokens_used, durable_seq=durable))
         made = {rec.event.msg_id for rec in records if isinstance(rec.event, MessageCreated)}
         for (s, msg_id), msg in list(store.saver.active.items()):
             if s == sid and msg_id not in made and not msg.finished:

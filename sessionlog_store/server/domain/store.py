@@ -148,10 +148,14 @@ class SessionStore(Replies):
         ev = rec.event
         if type(ev) is MessageProgress:
             if self.hub.wants(sid, ev.msg_id):
-                self.hub.publish(MsgUpdate(
+                update = MsgUpdate(
                     session_id=sid, msg_id=ev.msg_id, seq=rec.seq, offset=ev.offset,
                     content_delta=ev.content_delta, status="running", tree=ev.context_tree,
-                    tokens=ev.partial_tokens_used, durable_seq=self.es.durable_seq(sid)))
+                    tokens=ev.partial_tokens_used, durable_seq=self.es.durable_seq(sid))
+                if self.worker is not None and rec.seq > update.durable_seq:
+                    self.worker.hold(update)  # told once the stream has it (a conflict may void it)
+                else:
+                    self.hub.publish(update)
             return
         self.caches.registry_changed()
         if old_row is not None and sid not in self._row_before:
@@ -178,7 +182,9 @@ class SessionStore(Replies):
 
     async def _publish_when_durable(self, sid: str, update: MsgUpdate) -> None:
         try:
-            await self.es.wait_durable(sid, update.seq)
+            seq = await self.es.wait_durable(sid, update.seq)
+            if seq != update.seq:  # renumbered by a rebase: the seq the stream holds it at
+                update = msgspec.structs.replace(update, seq=seq, durable_seq=self.es.durable_seq(sid))
         except EventStoreError as e:  # the store broke (or the session went): the record may be lost
             self.hub.end(sid, "session deleted" if isinstance(e, UnknownSession) else "store failure",
                          msg_id=update.msg_id)
