@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,6 +121,23 @@ def test_reload_mid_stream_continues_with_identical_text(serve, browser):
     shot(page, "list")
 
 
+def wait_written(root: str, *needles: bytes, within: float = 60.0) -> None:
+    """Until a file under `root` (a log, the journal) holds a line with every
+    needle: written by the server, so it survives a SIGKILL."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for d, _, files in os.walk(root):
+            for f in files:
+                try:
+                    data = Path(d, f).read_bytes()
+                except OSError:
+                    continue  # (removed meanwhile)
+                if any(all(n in line for n in needles) for line in data.split(b"\n")):
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing under {root} holds {needles} after {within} s")
+
+
 def test_backend_killed_mid_stream_shows_aborted_with_a_working_retry(serve, browser):
     page = open_page(browser, serve.url)
     page.fill("#input", "Write a long answer")
@@ -127,6 +145,9 @@ def test_backend_killed_mid_stream_shows_aborted_with_a_working_retry(serve, bro
     page.wait_for_selector(".msg.assistant.running")
     mid = reply_id(page)
     page.wait_for_function(f'document.querySelector(\'[data-msg="{mid}"] .bubble\').innerText.length > 40')
+    # The page is told text as it is appended, before its batch is written; a
+    # busy machine may take a while to write it: kill once some is written.
+    wait_written(serve.root, mid.encode(), b'"type":"p"')  # (a progress record)
     serve.kill()
     page.wait_for_selector(".conn.offline")
     serve.start()
