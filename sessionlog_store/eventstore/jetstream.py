@@ -47,6 +47,7 @@ another one wrote.
 """
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -58,7 +59,7 @@ import trio
 
 from .backend import RecordListener
 from .commit import Appended, CommitStatistics
-from .errors import (CorruptRecord, MessageFinished, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
+from .errors import (CorruptRecord, EventStoreError, MessageFinished, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
                      UnknownSession)
 from .events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
@@ -67,6 +68,8 @@ from .natsio import (AsyncioThread, default_prefix, ensure_stream, publish_answe
                      until_led)
 from .record import Record, decode_record, encode_record
 
+
+log = logging.getLogger("sessionlog.jetstream")
 
 # The header naming a message's writer (a log: a worker's connection).
 WRITER_HEADER = "Sessionlog-Writer"
@@ -214,11 +217,25 @@ class JetStreamLog:
         self._durable.set()
         self._durable = trio.Event()
 
+    def _refuse(self, session_id: str, error: EventStoreError) -> None:
+        """A session's rebase failed on the session itself (gone meanwhile):
+        its waiting and later appends get `error`; other sessions go on."""
+        log.warning("session %s: its appends after a conflict are refused: %s", session_id, error)
+        sess = self._sessions.get(session_id)
+        if sess is not None:
+            sess.refused = error
+            self._filling.pop(session_id, None)
+            self._unacked.pop(session_id, None)
+        self._durable.set()
+        self._durable = trio.Event()
+
     # -- writes -------------------------------------------------------------
 
     def _add(self, session_id: str, sess: _Session, events: Sequence[Event]) -> list[Appended]:
         ts = time.time()
         out = []
+        if sess.refused is not None:
+            raise sess.refused  # (its rebase failed: `_refuse`)
         # Nothing of a message follows its finalize, on any path: a producer
         # whose reply was stopped or swept (by another worker, or by this
         # one), a second finalize. Refused before anything is added.
@@ -374,6 +391,10 @@ class JetStreamLog:
             for sid, items in conflicted:
                 try:
                     await self._rebase(sid, items)
+                except EventStoreError as e:
+                    # A conflict about one session is that session's business:
+                    # its appends are refused, nothing else fails.
+                    self._refuse(sid, e)
                 except Exception as e:  # noqa: BLE001 - the stream could not be read: as a failed write
                     self._fail(e)
                     break

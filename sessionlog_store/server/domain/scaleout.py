@@ -262,7 +262,9 @@ class Worker:
     def on_reset(self, sid: str, records: list[Record], end: int) -> None:
         """A conflict rebased the session: its row and state fold again."""
         store = self.store
-        store._row_before.pop(sid, None)
+        # (the row before this worker's own change that the conflict voided:
+        # its own deletion, refused because another worker's came first)
+        before = store._row_before.pop(sid, None)
         old = store.registry.get(sid)
         store.registry.put(None, sid)
         state = None if store._states.pop(sid, None) is None or not records else SessionState()
@@ -293,8 +295,11 @@ class Worker:
             self._reset_loading.add(sid)
         new = store.registry.get(sid)
         if new is None:
-            if old is not None:
-                self._gone(sid, old.owner)
+            if old is not None or before is not None:
+                self._gone(sid, (old or before).owner)  # type: ignore[union-attr]
+            else:  # (its row went with this worker's own tombstone, refused: deleted elsewhere first)
+                store._states.pop(sid, None)
+                store.hub.end(sid, "session deleted")
         elif old is None:
             store._notify("session_created", {"session": store.get_row(sid)})
         else:

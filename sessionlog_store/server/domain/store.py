@@ -151,7 +151,8 @@ class SessionStore(Replies):
                 update = MsgUpdate(
                     session_id=sid, msg_id=ev.msg_id, seq=rec.seq, offset=ev.offset,
                     content_delta=ev.content_delta, status="running", tree=ev.context_tree,
-                    tokens=ev.partial_tokens_used, durable_seq=self.es.durable_seq(sid))
+                    tokens=ev.partial_tokens_used,
+                    durable_seq=self.es.durable_seq(sid) if sid in self.es else rec.seq)  # (gone: a rebase's)
                 if self.worker is not None and rec.seq > update.durable_seq:
                     self.worker.hold(update)  # told once the stream has it (a conflict may void it)
                 else:
@@ -497,7 +498,17 @@ class SessionStore(Replies):
         # user asked). A crash during that removal leaves the session listed as
         # damaged again, or an orphan folder that verify reports.
         damaged = session_id in self.es and self.es.corruption(session_id) is not None
-        seq = 0 if damaged else (await self.append_events(session_id, SessionDeleted()))[0].record.seq
+        try:
+            seq = 0 if damaged else (await self.append_events(session_id, SessionDeleted()))[0].record.seq
+        except NotFound:
+            if self.worker is None or session_id in self.registry:
+                raise
+            # On a shared stream another worker's deletion came first (this
+            # tombstone's conflict found the session gone): deleted all the same.
+            self.hub.end(session_id, "session deleted")
+            self._states.pop(session_id, None)
+            self._notify("session_deleted", {"session_id": session_id}, owner)
+            return True
         self.hub.end(session_id, "session deleted", seq=seq)
         self._states.pop(session_id, None)
         self.caches.snapshot_dirty.discard(session_id)
