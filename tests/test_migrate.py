@@ -113,3 +113,47 @@ def test_migrate_refuses_what_it_cannot_do(nats_cluster, tmp_path):
     missing = run_cli("migrate", "--from", urls, "--to", str(tmp_path / "back"), "--nats-stream", "NOSUCH")
     assert missing.returncode == 3 and "there is no stream NOSUCH" in missing.stderr, missing.stderr
     shutil.rmtree(tmp_path / "back", ignore_errors=True)
+
+
+def test_verify_reports_what_matters_on_a_stream(nats_cluster):
+    """Issue 25 item 9: sessions put on a stream as they are (migrate's path,
+    which checks nothing of the lifecycle), each breaking one rule; verify
+    names each, and passes the clean one."""
+    from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress,
+                                                    SessionCreated, SessionFlags)
+    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.natsio import default_prefix
+    from sessionlog_store.eventstore.record import encode_record
+
+    def log(sid: str, *events, seqs=None) -> bytes:  # type: ignore[no-untyped-def]
+        made = [SessionCreated(session_id=sid), MessageCreated(msg_id="m", role="assistant", kind="llm_reply",
+                                                               status="running"), *events]
+        return b"".join(encode_record(seq, 1.0, ev) for seq, ev in zip(seqs or range(1, len(made) + 1), made))
+    end = MessageFinalized(msg_id="m", status="done")
+    logs = {
+        "clean": log("clean", SessionFlags(status="running"), MessageProgress(msg_id="m", content_delta="hi", offset=0),
+                     end, SessionFlags(status="idle")),
+        "progressafter": log("progressafter", end, MessageProgress(msg_id="m", content_delta="late", offset=0)),
+        "finaltwice": log("finaltwice", end, MessageFinalized(msg_id="m", status="aborted")),
+        "flagrunning": log("flagrunning", SessionFlags(status="running"), end),
+        "nevermade": log("nevermade", end, MessageProgress(msg_id="x", content_delta="?", offset=0)),
+        "seqgap": log("seqgap", end, seqs=[1, 2, 4]),
+        "seqrepeat": log("seqrepeat", end, seqs=[1, 2, 2]),
+    }
+
+    async def put() -> None:
+        async with open_jetstream_log(nats_cluster.urls, stream="VER", prefix=default_prefix("VER")) as es:
+            for sid, data in logs.items():
+                await es.import_log(sid, data)
+    trio.run(put)
+    v = run_cli("verify", "--backend", ",".join(nats_cluster.urls), "--nats-stream", "VER")
+    assert v.returncode != 0, v.stdout
+    out = v.stdout + v.stderr
+    said = {sid: [line for line in out.splitlines() if sid in line] for sid in logs}
+    assert said["clean"] == [], out
+    assert any("progress of message m after its finalize" in s for s in said["progressafter"]), out
+    assert any("finalize of message m after its finalize" in s for s in said["finaltwice"]), out
+    assert any("flagged running, with no message running" in s for s in said["flagrunning"]), out
+    assert any("never made" in s for s in said["nevermade"]), out
+    assert said["seqgap"] and said["seqrepeat"], out
+    assert "verified 7 sessions on stream VER: 6 problem(s)" in v.stdout, out

@@ -33,6 +33,7 @@ from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.log import (SESSIONS_DIR, list_session_ids, log_path, project_log_path, read_log,
                                              scan, session_dir)
 from sessionlog_store.eventstore.streamprojects import ProjectsMoved, StreamProjectLog
+from sessionlog_store.projections.lifecycle import lifecycle_problems
 
 Progress = Callable[[int, int], None]
 
@@ -217,7 +218,9 @@ def _write_projects(fs: FileOps, root: str, data: bytes, report: MigrateReport) 
 
 async def verify_stream(target: StreamTarget, progress: Progress | None = None) -> tuple[int, list[str], list[str]]:
     """Check every session on the stream: its records decode, seqs run from 1
-    without a gap, the first makes the session, nothing follows a tombstone.
+    without a gap or a repeat, the first makes the session, nothing follows a
+    tombstone, nothing of a message follows its finalize (no progress, no
+    second finalize), and a session flagged running has a message running.
     Returns (sessions, problems, notes): a running reply whose lease no
     worker holds is a note (a worker's sweeper aborts it)."""
     problems: list[str] = []
@@ -235,6 +238,7 @@ async def verify_stream(target: StreamTarget, progress: Progress | None = None) 
             elif any(isinstance(r.event, SessionDeleted) for r in s.records[:-1]):
                 problems.append(f"{sid}: records after its tombstone")
             else:
+                problems += [f"{sid}: {p}" for p in lifecycle_problems(s.records)]
                 running = {r.event.msg_id for r in s.records
                            if isinstance(r.event, MessageCreated) and r.event.status in ("pending", "running")}
                 running -= {r.event.msg_id for r in s.records if isinstance(r.event, MessageFinalized)}
