@@ -416,3 +416,52 @@ async def test_racing_deletes_are_the_sessions_business_only(nats_cluster, tmp_p
             await until(lambda: doomed.id not in a.registry and doomed.id not in b.registry)
             m = [x for x in (await b.load_session(other.id)).messages.values() if x.role == "assistant"]
             assert [x.status for x in m] == ["done"]
+
+
+@pytest.mark.slow
+async def test_a_worker_that_lost_the_quorum_exits_for_its_supervisor(tmp_path):
+    """Item 8: a worker whose publishes went unanswered past its retry time
+    stayed up broken, its replies held running on the stream. It now stops
+    and exits 5 (the README's code for a failed store); restarted once the
+    cluster is back (what systemd's Restart=on-failure does), the stream is
+    whole: its reply swept `aborted` "worker restart" once, the session idle."""
+    cluster = NatsCluster(tmp_path / "nats")
+    (tmp_path / "nats").mkdir()
+    cluster.start()
+    [port] = _free_ports(1)
+    w = Worker(cluster, tmp_path / "w", port, "QUORUM", "--agent-speed", "3", "--nats-retry-for", "2")
+    paused: list[int] = []
+    try:
+        w.start()
+        async with open_client("127.0.0.1", w.port, TOKEN, record=True) as a:
+            replies = await _start_replies(a, 2)
+            for i in (1, 2):  # two of three nodes: no quorum, every publish unanswered
+                proc = cluster.procs[i]
+                assert proc is not None
+                os.kill(proc.pid, signal.SIGSTOP)
+                paused.append(proc.pid)
+            assert w.proc is not None
+            code = await trio.to_thread.run_sync(lambda: w.proc.wait(120))  # type: ignore[union-attr]
+        assert code == 5, w.proc.stderr.read() if w.proc.stderr else code
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+        paused.clear()
+        w.start()  # its supervisor's restart
+        async with open_client("127.0.0.1", w.port, TOKEN, record=True) as b:
+            for mid, sid in replies.items():
+                await _follow(b, sid)
+            with trio.fail_after(60):
+                for mid, sid in replies.items():
+                    await b.wait_done(sid, mid)
+            with trio.fail_after(60):  # the sweep's idle flags
+                while not all(r["status"] == "idle" for r in (await b.request("list_sessions"))["rows"]
+                              if r["id"] in replies.values()):
+                    await trio.sleep(0.1)
+        truth = await _stream_truth(cluster, "QUORUM", set(replies.values()))
+        ends = Counter(_check_stream(truth[sid])[mid][:2] for mid, sid in replies.items())
+        assert ends == {("aborted", "worker restart"): 2}, ends
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+        w.stop()
+        cluster.stop()

@@ -216,6 +216,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_nats_servers(args)
     return run_server(args, store_config=StoreConfig(
         backend=args.backend, stream=args.nats_stream, replicas=args.nats_replicas, lease_ttl=args.lease_ttl,
+        publish_retry=args.nats_retry_for,
         stream_checkpoint_interval=args.nats_checkpoint_interval,
         project_roots=tuple(os.path.abspath(r) for r in args.project_root), many_users=args.auth != "token",
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
@@ -418,6 +419,10 @@ def _backend(s: argparse.ArgumentParser) -> None:
     s.add_argument("--lease-ttl", type=_seconds, default=15.0, metavar="SECONDS",
                    help="a reply's lease lives this long unrenewed; a dead worker's replies are "
                         "aborted after it (JetStream backend)")
+    s.add_argument("--nats-retry-for", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="a publish the servers do not answer is sent again for this long (a leader election "
+                        "takes 4-9 s); then the worker's store fails and it exits 5 for its supervisor to "
+                        "restart it (JetStream backend)")
     s.add_argument("--nats-checkpoint-interval", type=_seconds_or_off, default=30.0, metavar="SECONDS",
                    help="write the registry checkpoint to the stream's cache bucket this often when the stream "
                         "moved; a start replays only what follows it (0: none, a start replays the whole stream)")

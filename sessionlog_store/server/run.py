@@ -108,8 +108,15 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         return EXIT_STARTUP
     started: list[Server] = []
 
+    failed_events: list[trio.Event] = []
+
     def ready(server: Server) -> None:
         started.append(server)
+        if store_config is not None and store_config.backend and failed_events:
+            # A worker on a shared stream whose store failed serves nothing of
+            # worth (its replies are other workers' to sweep): it stops and
+            # exits EXIT_STORE_FAILED, for its supervisor to restart it.
+            server.store.es.failure_listeners.append(lambda e: failed_events[0].set())
         host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
         print(f"sessionlog: data in {root}", flush=True)
         base = f"http://{host}:{server.port}{config.root_path}/"
@@ -147,6 +154,17 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         async with trio.open_nursery() as nursery:
             serving = trio.CancelScope()
             stopping: list[int] = []
+            failed_events.append(trio.Event())
+
+            async def on_store_failure() -> None:
+                await failed_events[0].wait()
+                if not stopping:
+                    log.error("the store failed on the shared stream: stopping; exit %d for a restart",
+                              EXIT_STORE_FAILED)
+                    stopping.append(0)
+                    nursery.start_soon(watchdog)
+                    nursery.start_soon(stop)
+            nursery.start_soon(on_store_failure)
 
             async def on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:

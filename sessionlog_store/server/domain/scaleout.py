@@ -91,7 +91,8 @@ async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamL
     t0 = time.monotonic()
     async with open_jetstream_log(list(config.backend), stream=config.stream,
                                   prefix=config.subject_prefix or default_prefix(config.stream), replicas=config.replicas,
-                                  replay=True, listeners=[registry.apply, running.apply], seed=seed) as es:
+                                  replay=True, listeners=[registry.apply, running.apply], seed=seed,
+                                  retry_for=config.publish_retry) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
         es.reset_listeners.remove(gone)
         es.replay_seconds = time.monotonic() - t0

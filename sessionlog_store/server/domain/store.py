@@ -83,6 +83,7 @@ class StoreConfig:
     subject_prefix: str = ""              # "": sl.<stream> (a session's subject: <prefix>.<id>)
     replicas: int = 3
     lease_ttl: float = 15.0
+    publish_retry: float = 60.0           # a publish unanswered this long fails the store (the worker exits 5)
     stream_checkpoint_interval: float = 30.0  # the stream's registry checkpoint (scaleout.py; 0: none)
 
 
