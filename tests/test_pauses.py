@@ -465,3 +465,53 @@ async def test_a_worker_that_lost_the_quorum_exits_for_its_supervisor(tmp_path):
             os.kill(pid, signal.SIGCONT)
         w.stop()
         cluster.stop()
+
+
+@pytest.mark.slow
+async def test_a_worker_starts_with_one_node_of_three_down_and_waits_for_a_quorum(tmp_path):
+    """Item 7: with the three documented --nats-monitor URLs, a start exited
+    3 on the one node down, and with two down exited 1 with a traceback. A
+    start needs a quorum of the monitors: with one down it serves (and says
+    which does not answer); with two down it says it waits for a quorum and
+    serves once one more node is up; a server that comes back unsynced
+    stops it (exit 3)."""
+    import threading
+    cluster = NatsCluster(tmp_path / "nats")
+    (tmp_path / "nats").mkdir()
+    cluster.start()
+    ports = _free_ports(2)
+    one = Worker(cluster, tmp_path / "w1", ports[0], "MINORITY", "--agent-speed", "0")
+    two = Worker(cluster, tmp_path / "w2", ports[1], "MINORITY", "--agent-speed", "0")
+    try:
+        one.start()  # the stream is made (its three copies placed) with every node up
+        one.stop()
+        cluster.kill(2)
+        one.start()  # (returns once it serves)
+        async with open_client("127.0.0.1", one.port, TOKEN) as a:
+            ack = await a.request("chat", content="with one node down")
+            await a.follow(ack["session_id"])
+            with trio.fail_after(60):
+                assert await a.wait_done(ack["session_id"], ack["reply_id"]) == "done"
+        cluster.kill(1)
+        starting = threading.Thread(target=two.start)
+        starting.start()
+        await _until(lambda: two.proc is not None)
+        assert two.proc is not None and two.proc.stderr is not None
+        line = await trio.to_thread.run_sync(two.proc.stderr.readline)
+        assert "waiting for a quorum of the NATS servers: 1 of 3 answer, 2 needed" in line, line
+        cluster.start(1)
+        await trio.to_thread.run_sync(starting.join, 120)
+        assert not starting.is_alive() and two.proc.poll() is None, "it serves once a quorum is up"
+        async with open_client("127.0.0.1", two.port, TOKEN) as b:
+            rows = (await b.request("list_sessions"))["rows"]
+            assert ack["session_id"] in {r["id"] for r in rows}
+        cluster.sync = ""  # node 2 comes back without sync_interval: always
+        cluster.start(2)
+        assert one.proc is not None
+        code = await trio.to_thread.run_sync(lambda: one.proc.wait(60))  # type: ignore[union-attr]
+        assert code == 3, code
+        assert "does not fsync before it acknowledges" in (one.proc.stderr.read() if one.proc.stderr else "")
+    finally:
+        one.stop()
+        two.stop()
+        cluster.stop()

@@ -115,7 +115,11 @@ async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create
         if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
             raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
                               "on the NATS servers; choose another stream name") from None
-        raise
+        if getattr(e, "err_code", None) == 10005:  # no suitable peers for placement
+            raise StoreBroken(f"stream {stream} does not exist yet, and making it needs all {replicas} of its "
+                              "servers up (fewer are): start it with every node up once") from None
+        raise StoreBroken(f"stream {stream}: the NATS servers did not make or find it: "
+                          f"{type(e).__name__}: {e}") from e
 
 
 def default_prefix(stream: str) -> str:

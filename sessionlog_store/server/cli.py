@@ -468,9 +468,12 @@ def _backend_urls(text: str) -> tuple[str, ...]:
 
 def check_nats_servers(args: argparse.Namespace) -> None:
     """Refuse an R1 stream and servers that do not fsync before they ack,
-    unless told (CannotRun says which flag accepts the risk)."""
-    import json
-    import urllib.request
+    unless told (CannotRun says which flag accepts the risk); wait for a
+    quorum of the monitors to answer (server/natscheck.py). The monitors
+    that did not answer go into `args.late_monitors`, for serve to check
+    while it runs."""
+    from sessionlog_store.server.natscheck import ServersUnfit, wait_for_quorum
+    args.late_monitors = []
     if args.nats_replicas < 2 and not args.nats_allow_single_replica:
         raise CannotRun("--nats-replicas 1 keeps one copy of every record: one lost disk loses acknowledged "
                         "records; give --nats-allow-single-replica to accept that")
@@ -481,17 +484,11 @@ def check_nats_servers(args: argparse.Namespace) -> None:
         raise CannotRun("cannot check that the NATS servers fsync before they acknowledge: give each "
                         "server's monitoring URL with --nats-monitor (their jetstream block needs "
                         "sync_interval: always), or --nats-accept-unsynced to accept the risk")
-    for url in monitors:
-        try:
-            with urllib.request.urlopen(f"{url.rstrip('/')}/varz", timeout=5) as r:
-                varz = json.loads(r.read())
-        except (OSError, ValueError) as e:
-            raise CannotRun(f"--nats-monitor {url}: {e}") from None
-        config = (varz.get("jetstream") or {}).get("config") or {}
-        if not config.get("sync_always"):
-            raise CannotRun(f"the NATS server at {url} (version {varz.get('version', '?')}) does not fsync before "
-                            "it acknowledges: set `jetstream {{ sync_interval: always }}` (nats-server 2.10 or "
-                            "later), or give --nats-accept-unsynced to accept losing acknowledged records")
+    try:
+        args.late_monitors = wait_for_quorum(monitors, lambda line: print(f"sessionlog: {line}", file=sys.stderr,
+                                                                           flush=True))
+    except ServersUnfit as e:
+        raise CannotRun(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

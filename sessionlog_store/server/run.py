@@ -109,6 +109,7 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
     started: list[Server] = []
 
     failed_events: list[trio.Event] = []
+    exit_code: list[int] = []  # a reason to stop other than a signal (a late NATS server unsynced)
 
     def ready(server: Server) -> None:
         started.append(server)
@@ -155,6 +156,28 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
             serving = trio.CancelScope()
             stopping: list[int] = []
             failed_events.append(trio.Event())
+
+            async def check_late_servers(late: list[str]) -> None:
+                """The NATS servers that did not answer at the start: one
+                that answers unsynced stops the worker (EXIT_STARTUP)."""
+                from sessionlog_store.server.natscheck import LATE_RECHECK, ServersUnfit, check_one
+                while late:
+                    await trio.sleep(LATE_RECHECK)
+                    for url in list(late):
+                        try:
+                            if await trio.to_thread.run_sync(check_one, url):
+                                late.remove(url)
+                                log.info("the NATS server at %s answers, synced", url)
+                        except ServersUnfit as e:
+                            log.error("%s; stopping", e)
+                            exit_code.append(EXIT_STARTUP)
+                            if not stopping:
+                                stopping.append(0)
+                                nursery.start_soon(watchdog)
+                                nursery.start_soon(stop)
+                            return
+            if getattr(args, "late_monitors", None):
+                nursery.start_soon(check_late_servers, list(args.late_monitors))
 
             async def on_store_failure() -> None:
                 await failed_events[0].wait()
@@ -207,5 +230,7 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         print(f"sessionlog: error: the store failed while serving ({failure}); restart to recover",
               file=sys.stderr)
         return EXIT_STORE_FAILED
+    if exit_code:
+        return exit_code[0]
     log.info("stopped: every reply finalized, the logs synced, index.json written")
     return EXIT_OK
