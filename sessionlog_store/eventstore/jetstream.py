@@ -59,14 +59,14 @@ import trio
 
 from .backend import RecordListener
 from .commit import Appended, CommitStatistics
-from .errors import (CorruptRecord, EventStoreError, MessageFinished, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
+from .errors import (CorruptRecord, EventStoreError, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
                      UnknownSession)
 from .events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
 from .ids import validate_session_id
 from .log import scan, with_ends
-from .natsio import (AsyncioThread, default_prefix, ensure_stream, publish_answered, read_subject, split_by_size,
-                     until_led)
+from .natsio import AsyncioThread, ensure_stream, publish_answered, read_subject, split_by_size
 from .record import Record, decode_record, encode_record
+from .streamsession import StreamSession
 
 
 log = logging.getLogger("sessionlog.jetstream")
@@ -82,41 +82,6 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 # an ordered consumer (thousands of gets took seconds; a consumer costs a
 # few round trips to make and delivers ~100k messages/s).
 DIRECT_GETS: Final = 16
-class _Session:
-    __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
-                 "renumber", "refused", "finished")
-
-    def __init__(self) -> None:
-        # Names this incarnation of the id in message ids: a session deleted and
-        # made again within the stream's duplicate window is not taken for a retry.
-        self.born = secrets.token_hex(4)
-        self.last_seq = 0      # the last seq given
-        self.durable_seq = 0   # the last seq acknowledged by the stream
-        self.stream_seq = 0    # the stream sequence of the session's last message (the fence)
-        self.end = 0           # bytes of the session's lines so far (as a log file would hold)
-        self.deleted = False
-        # Other writers' messages the tail brought while this log had records of
-        # the session not yet acknowledged: (data, stream seq), applied after
-        # the ack, or read again by a rebase.
-        self.deferred: list[tuple[bytes, int]] = []
-        # After a conflict the session is a new _Session: waiters on this one
-        # follow `moved_to`, their seqs renumbered, or get `refused`.
-        self.moved_to: _Session | None = None
-        self.renumber: dict[int, int] = {}
-        self.refused: BaseException | None = None
-        # The messages whose finalize this log has seen (appended here, the
-        # tail's, a rebase's read): nothing of theirs is appended after it.
-        self.finished: set[str] = set()
-
-    def took(self, ev: Event) -> None:
-        if type(ev) is MessageFinalized:
-            self.finished.add(ev.msg_id)
-
-    @property
-    def pending(self) -> bool:
-        return self.last_seq > self.durable_seq
-
-
 class JetStreamLog:
     """Use `open_jetstream_log()`."""
 
@@ -156,7 +121,7 @@ class JetStreamLog:
         # room for the headers (set from the connection by open_jetstream_log).
         self.max_message = 1024 * 1024 - 4096
         self.failure_listeners: list[Callable[[BaseException], None]] = []
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, StreamSession] = {}
         self._filling: dict[str, list[tuple[int, bytes]]] = {}
         self._wake = trio.Event()
         self._durable = trio.Event()  # set (and replaced) after each batch
@@ -183,7 +148,7 @@ class JetStreamLog:
     def session_ids(self) -> list[str]:
         return [sid for sid, s in self._sessions.items() if not s.deleted]
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str) -> StreamSession:
         s = self._sessions.get(session_id)
         if s is None or s.deleted:
             raise UnknownSession(session_id)
@@ -231,19 +196,10 @@ class JetStreamLog:
 
     # -- writes -------------------------------------------------------------
 
-    def _add(self, session_id: str, sess: _Session, events: Sequence[Event]) -> list[Appended]:
+    def _add(self, session_id: str, sess: StreamSession, events: Sequence[Event]) -> list[Appended]:
         ts = time.time()
         out = []
-        if sess.refused is not None:
-            raise sess.refused  # (its rebase failed: `_refuse`)
-        # Nothing of a message follows its finalize, on any path: a producer
-        # whose reply was stopped or swept (by another worker, or by this
-        # one), a second finalize. Refused before anything is added.
-        done = sess.finished
-        if done:
-            for ev in events:
-                if type(ev) in (MessageProgress, MessageFinalized) and ev.msg_id in done:  # type: ignore[union-attr]
-                    raise MessageFinished(session_id, ev.msg_id)  # type: ignore[union-attr]
+        sess.check_writable(session_id, events)
         # Encode everything first: a record over the servers' message size
         # leaves the session unchanged.
         lines = [encode_record(sess.last_seq + i, ts, ev) for i, ev in enumerate(events, 1)]
@@ -277,7 +233,7 @@ class JetStreamLog:
         subject = self.subject(session_id)
         if session_id in self:
             raise SessionExists(f"session {session_id!r} already exists")
-        self._sessions[session_id] = sess = _Session()
+        self._sessions[session_id] = sess = StreamSession()
         out = self._add(session_id, sess, events)
         try:
             await self.wait_durable(session_id, sess.last_seq)
@@ -420,7 +376,7 @@ class JetStreamLog:
         foreign = [rec for rec, end in with_end if end > seen_to]
         finalized = {r.event.msg_id for r in records if isinstance(r.event, MessageFinalized)}
         pending = refused + self._filling.pop(session_id, [])
-        new = self._sessions[session_id] = _Session()
+        new = self._sessions[session_id] = StreamSession()
         new.born = old.born
         new.stream_seq, new.end = last, len(data)
         new.last_seq = new.durable_seq = records[-1].seq if records else 0
@@ -500,7 +456,7 @@ class JetStreamLog:
     def seed(self, session_id: str, seq: int, end: int, stream_seq: int) -> None:
         """Know a session as a checkpoint has it (before the tail starts
         after the checkpoint's position)."""
-        sess = self._sessions[validate_session_id(session_id)] = _Session()
+        sess = self._sessions[validate_session_id(session_id)] = StreamSession()
         sess.last_seq = sess.durable_seq = seq
         sess.end, sess.stream_seq = end, stream_seq
 
@@ -527,7 +483,7 @@ class JetStreamLog:
             for reset in self.reset_listeners:
                 reset(sid, [], 0)
         if sess is None or sess.deleted:
-            sess = self._sessions[sid] = _Session()
+            sess = self._sessions[sid] = StreamSession()
         sess.stream_seq = stream_seq
         taken = []
         for rec, end in with_ends(records, data, sess.end):

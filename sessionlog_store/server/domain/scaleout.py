@@ -54,7 +54,8 @@ from sessionlog_store.server.domain.subscriptions import MsgUpdate
 
 if TYPE_CHECKING:
     from sessionlog_store.server.domain.inflight import InflightMessage
-    from sessionlog_store.server.domain.store import SessionStore, StoreConfig
+    from sessionlog_store.server.domain.config import StoreConfig
+    from sessionlog_store.server.domain.store import SessionStore
 
 log = logging.getLogger("sessionlog.worker")
 

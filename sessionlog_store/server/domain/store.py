@@ -17,30 +17,29 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import trio
 
 from sessionlog_store.eventstore import (OS_FILES, Appended, EventStore, EventStoreError, FileOps, Record, SessionExists,
-                                         SessionReadOnly, StoreBroken, SyncMode, UnknownSession, new_session_id,
+                                         SessionReadOnly, StoreBroken, UnknownSession, new_session_id,
                                          open_event_store, validate_session_id)
 from sessionlog_store.eventstore.errors import CorruptRecord
 from sessionlog_store.eventstore.events import (Event, MessageCreated, MessageFinalized, MessageProgress,
                                                 ProjectBound, ProjectRelocated, SessionCreated, SessionDeleted,
                                                 SessionFlags, SessionRenamed)
 from sessionlog_store.eventstore.record import decode_record
-from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.eventstore.log import read_log
 from sessionlog_store.projections.recovery import RecoveryReport, load_session_state
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
 from sessionlog_store.server.domain.caches import Caches
+from sessionlog_store.server.domain.config import StoreConfig
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound, unknown_session
 from sessionlog_store.server.domain.feed import ChangeFeed
 from sessionlog_store.server.domain.fields import FLAG_FIELDS, TITLE_FIELDS, UpdateFields, row_of, valid_kind
-from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, SLOTS, STALL_TIMEOUT, ThrottledSaver
+from sessionlog_store.server.domain.inflight import SLOTS, ThrottledSaver
 from sessionlog_store.server.domain.projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from sessionlog_store.server.domain.replies import Replies
 from sessionlog_store.server.domain.scaleout import Worker, open_worker_log
@@ -51,40 +50,6 @@ from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator,
 log = logging.getLogger("sessionlog.store")
 
 FROZEN_ERROR = "project is frozen after the first turn"
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """Every tunable of a store, with the spec's values as defaults."""
-    checkpoint_interval: float = 5.0      # index.json debounce (spec: 5 s)
-    snapshot_interval: float = 2.0        # snapshot.json debounce for running sessions
-    progress_interval: float = PROGRESS_INTERVAL
-    progress_slots: int | None = None     # phases of the saver's interval (None: SLOTS with the journal, else 1;
-                                          # see server/domain/inflight.py SLOTS)
-    stall_timeout: float = STALL_TIMEOUT
-    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
-    sync_mode: SyncMode = "journal"       # see eventstore/commit.py and journal.py
-    journal_sync_interval: float = 1.0    # logs synced and journal segments removed this often
-    home: str = field(default_factory=lambda: os.path.expanduser("~"))
-    # Folders projects may lie under (() : the home directory only).
-    project_roots: tuple[str, ...] = ()
-    # Many users share the store (docs/SECURITY.md): the default project's
-    # path (the home) is kept from clients, and a refused project path gets
-    # one answer whatever is wrong with it (no probing of the server's disk).
-    many_users: bool = False
-    state_cache: int = 256                # loaded sessions kept in memory besides running ones
-    # After startup, check in the background the part of each log that the
-    # checkpoint let startup skip (damage there quarantines the session).
-    check_after_start: bool = True
-    # The event log: () the local JSONL logs under the root; NATS server URLs:
-    # a JetStream stream shared with other workers (docs/SCALEOUT.md).
-    backend: tuple[str, ...] = ()
-    stream: str = "SESSIONLOG"
-    subject_prefix: str = ""              # "": sl.<stream> (a session's subject: <prefix>.<id>)
-    replicas: int = 3
-    lease_ttl: float = 15.0
-    publish_retry: float = 60.0           # a publish unanswered this long fails the store (the worker exits 5)
-    stream_checkpoint_interval: float = 30.0  # the stream's registry checkpoint (scaleout.py; 0: none)
 
 
 Watcher = Callable[[str, dict[str, Any]], None]  # (kind, data)
