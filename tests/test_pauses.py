@@ -515,3 +515,40 @@ async def test_a_worker_starts_with_one_node_of_three_down_and_waits_for_a_quoru
         one.stop()
         two.stop()
         cluster.stop()
+
+
+@pytest.mark.slow
+async def test_a_second_turn_waits_for_the_running_reply_on_any_worker(pair):
+    """Item 6: a second chat in a session while a reply ran there was
+    accepted, on another worker too, and two replies streamed into one
+    session, conflicting. A new turn (chat, retry) while any message of the
+    session runs is refused `reply_running`, on the worker that streams it
+    and on the others (which know it from the tail); once it ends, a turn
+    is accepted anywhere."""
+    from sessionlog_store.server.edge.client import ServerError
+    one, two = pair
+    one.start(), two.start()
+    async with open_client("127.0.0.1", one.port, TOKEN) as a, open_client("127.0.0.1", two.port, TOKEN) as b:
+        ack = await a.request("chat", content="a long story, please")
+        sid, reply = ack["session_id"], ack["reply_id"]
+        await _until(lambda: any(f["type"] == "session_created" and f["data"]["session"]["id"] == sid
+                                 for f in b.pushes))
+        await b.follow(sid)
+        assert b.status[(sid, reply)] == "running"
+        for c in (a, b):
+            with pytest.raises(ServerError) as e:
+                await c.request("chat", content="and another thing", session_id=sid)
+            assert e.value.code == "reply_running"
+        await b.request("stop", session_id=sid, msg_id=reply)
+        with trio.fail_after(30):
+            assert await b.wait_done(sid, reply) == "aborted"
+        nxt = await b.request("chat", content="now a second turn", session_id=sid)
+        await b.follow(sid)
+        with pytest.raises(ServerError) as e:
+            await a.request("retry", session_id=sid, msg_id=reply)
+        assert e.value.code == "reply_running"
+        await a.request("stop", session_id=sid, msg_id=nxt["reply_id"])
+        with trio.fail_after(30):
+            assert await b.wait_done(sid, nxt["reply_id"]) == "aborted"
+        loaded = await b.request("load_session", session_id=sid)
+        assert [m["status"] for m in loaded["messages"] if m["role"] == "assistant"] == ["aborted", "aborted"]

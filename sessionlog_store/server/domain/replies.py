@@ -74,6 +74,18 @@ class Replies:
                     and (owner is None or (key[0] in rows and rows[key[0]].owner == owner))]
         return sorted(out, key=lambda r: r["started_at"])
 
+    def turn_free(self, session_id: str) -> None:
+        """A new turn (a chat, a retry) waits for the session's running reply:
+        Conflict `reply_running` while any of its messages runs, here or (on a
+        shared stream, as the tail brought it) on another worker."""
+        meta = self.registry.get(session_id)
+        if meta is None or not meta.open_msgs or self.failure() is not None:
+            return  # (a failed store: the write says store_broken)
+        if self.worker is None and not any((session_id, m) in self.saver.active for m in meta.open_msgs):
+            return  # (a local store: nothing runs without its producer here)
+        raise Conflict("reply_running", f"a reply is running in session {session_id}: stop it, or send "
+                                            "when it has ended")
+
     async def reserve_reply(self, session_id: str) -> str | None:
         """On a shared stream, a reply's id with its lease taken (before
         anything of the turn is written: a chat's reply that could not start

@@ -397,6 +397,7 @@ class Connection:
             case p.Retry(session_id=sid, msg_id=mid):
                 self.own(sid)
                 target = await store.retry_target(sid, mid)
+                store.turn_free(sid)
                 reply_id = await self.server.start_reply(sid, target.parent_id or "", user)  # "": at the root
                 self.reply("retry_started", {"session_id": sid, "retried": mid, "reply_id": reply_id}, rid)
             case p.RenameSession(session_id=sid, title=title, regenerate=regen):
@@ -464,6 +465,7 @@ class Connection:
         try:
             if sid is not None:
                 self.own(sid)
+                store.turn_free(sid)
             else:
                 sid = new_session_id()
             # On a shared stream, the reply's lease first (an election: refused, nothing written)
