@@ -467,6 +467,22 @@ async def test_a_worker_that_lost_the_quorum_exits_for_its_supervisor(tmp_path):
         cluster.stop()
 
 
+def _leaders_elected(cluster: NatsCluster, node: int, stream: str) -> bool:
+    """Every stream of the cluster (the worker's, its lease and cache
+    buckets) has a leader on a live node, as node `node`'s /jsz tells."""
+    import json
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.http_ports[node]}/jsz?streams=true", timeout=2) as r:
+            jsz = json.loads(r.read())
+    except OSError:
+        return False
+    live = {f"n{i}" for i, p in enumerate(cluster.procs) if p is not None}
+    streams = [s for a in jsz.get("account_details", []) for s in a.get("stream_detail", [])
+               if s["name"].startswith(stream) or stream in s["name"]]
+    return bool(streams) and all((s.get("cluster") or {}).get("leader") in live for s in streams)
+
+
 @pytest.mark.slow
 async def test_a_worker_starts_with_one_node_of_three_down_and_waits_for_a_quorum(tmp_path):
     """Item 7: with the three documented --nats-monitor URLs, a start exited
@@ -486,6 +502,7 @@ async def test_a_worker_starts_with_one_node_of_three_down_and_waits_for_a_quoru
         one.start()  # the stream is made (its three copies placed) with every node up
         one.stop()
         cluster.kill(2)
+        await _until(lambda: _leaders_elected(cluster, 0, "MINORITY"))  # (a start mid-election times out, exit 3)
         one.start()  # (returns once it serves)
         async with open_client("127.0.0.1", one.port, TOKEN) as a:
             ack = await a.request("chat", content="with one node down")
