@@ -231,12 +231,12 @@ class Leases:
             from nats.js.errors import KeyNotFoundError
             out = []
             for key in keys:
+                if key in self._revisions:
+                    continue  # this worker's own live reply (not even read)
                 try:
                     entry = await kv.get(key)
                 except KeyNotFoundError:
                     continue
-                if key in self._revisions:
-                    continue  # this worker's own live reply
                 if entry.value and _DECODE.decode(entry.value).expires + skew < time.time():
                     out.append((key, entry.revision))
             return out
