@@ -95,7 +95,7 @@ def test_the_wheel_holds_one_package_and_runs_from_a_clean_directory(tmp_path):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("bench/", "tests/"))]
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
-    assert "Name: sessionlog-store" in meta and "License" in meta and "Project-URL" in meta
+    assert "Name: sessionlog-store" in meta and "License-Expression: MIT" in meta and "Project-URL" not in meta
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "sessionlog = sessionlog_store.server.cli:main" in entry
 

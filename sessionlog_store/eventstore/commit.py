@@ -68,6 +68,7 @@ from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken,
                      UnknownSession)
 from .events import Event, SessionDeleted
 from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps, lock_root
+from .storeformat import stamp_format
 from .journal import (SEGMENT_BYTES, Entry, JournalRecovery, apply_journal, birth, encode_frame, journal_dir,
                       born_of, log_born, segment_name)
 from .log import SESSIONS_DIR, log_path, read_log, scan, session_dir
@@ -860,8 +861,10 @@ class EventStore:
 
     def _prepare_sync(self) -> None:
         """Before anything reads a log: the folders, and the journal a crash
-        left re-applied to the logs (whatever this store's sync_mode)."""
+        left re-applied to the logs (whatever this store's sync_mode). First
+        the root's format: a newer build's root is refused before any read."""
         fs = self.fs
+        stamp_format(fs, self.root)
         fs.makedirs(os.path.join(self.root, SESSIONS_DIR))
         fs.fsync_dir(os.path.join(self.root, SESSIONS_DIR))
         self.journal_recovery = apply_journal(fs, self.root)

@@ -105,3 +105,29 @@ class JournalUnapplied(EventStoreError):
     deletion (the disk holding the sessions is not mounted, a folder is a
     dangling symlink). The operator's to fix; nothing was changed and the
     journal is kept, so a start after the fix loses nothing."""
+
+
+class NewerFormat(EventStoreError):
+    """The data root was written by a newer sessionlog-store (its FORMAT names
+    a version this build cannot read): the operator's to fix by running the
+    newer build. Nothing of the root was read or changed."""
+
+    def __init__(self, root: str, found: int, readable: int) -> None:
+        super().__init__(root, found, readable)
+        self.root, self.found, self.readable = root, found, readable
+
+    def __str__(self) -> str:
+        return (f"the store at {self.root} has format {self.found}, written by a newer sessionlog-store; "
+                f"this build reads formats up to {self.readable}: run the newer build (nothing was changed)")
+
+
+class UnreadableFormat(EventStoreError):
+    """The data root's FORMAT file names no version (damaged, or not ours)."""
+
+    def __init__(self, root: str, head: bytes) -> None:
+        super().__init__(root, head)
+        self.root, self.head = root, head
+
+    def __str__(self) -> str:
+        return (f"the store at {self.root} has a FORMAT file that names no format ({self.head!r}); "
+                f"it should hold one line such as 'sessionlog-store format 1' (nothing was changed)")

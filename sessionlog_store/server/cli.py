@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Final
 
 from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.fsio import OS_FILES, lock_root
+from sessionlog_store.eventstore.storeformat import check_format, stamp_format
 
 from sessionlog_store.server.logs import LOG_FORMATS, setup_logging
 
@@ -59,6 +60,7 @@ def _existing_store(root: str) -> str:
         raise CannotRun(f"no store at {root} (no such directory)")
     if not any(os.path.exists(os.path.join(path, name)) for name in ("sessions", "index.json", "projects")):
         raise CannotRun(f"no store at {root} (no sessions/, index.json or projects/ in it)")
+    check_format(OS_FILES, path)  # a newer build's root: refused before anything reads it
     return path
 
 
@@ -151,6 +153,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         os.makedirs(root, exist_ok=True)
         fd = lock_root(root)
         try:
+            stamp_format(OS_FILES, root)
             report = trio.run(migrate.stream_to_local, OS_FILES, root, _target(args, src), _progress("migrate"))
         finally:
             os.close(fd)
