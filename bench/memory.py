@@ -1,4 +1,5 @@
-"""RSS of a server process holding a registry of 100,000 sessions.
+"""RSS of a server process holding a registry of 100,000 sessions, and what
+one `/metrics` scrape costs on its event loop there, next to an empty store's.
 
 The store is written directly with the real record encoder (a session created
 plus a user message each, no fsync: this is about memory, not the disk), then
@@ -22,8 +23,10 @@ from sessionlog_store.eventstore.record import encode_record
 from .report import save, table, verdict
 
 PROBE = r"""
-import gc, sys, time, trio
+import collections, gc, statistics, sys, time, trio
+from types import SimpleNamespace
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.edge.metrics import ServerMetrics
 from sessionlog_store.server.gc_policy import tune_gc
 async def main():
     t = time.perf_counter()
@@ -31,7 +34,16 @@ async def main():
         secs = time.perf_counter() - t
         tune_gc()
         rss = int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
-        print(len(store.registry), f"{rss:.1f}", f"{secs:.2f}", flush=True)
+        # a scrape as the server's /metrics makes it (no connections here)
+        server = SimpleNamespace(store=store, connections=[], dropped=0,
+                                 quotas=SimpleNamespace(refused=collections.Counter()))
+        m = ServerMetrics(server)
+        times = []
+        for _ in range(30):
+            t = time.perf_counter()
+            m.render()
+            times.append(time.perf_counter() - t)
+        print(len(store.registry), f"{rss:.1f}", f"{secs:.2f}", f"{statistics.median(times) * 1000:.3f}", flush=True)
 trio.run(main)
 """
 
@@ -50,11 +62,11 @@ def build(root: str, n: int) -> None:
             f.write(data)
 
 
-def probe(root: str) -> tuple[int, float, float]:
+def probe(root: str) -> tuple[int, float, float, float]:
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", PROBE, root], capture_output=True, text=True, env=env, check=True)
-    n, rss, secs = out.stdout.split()
-    return int(n), float(rss), float(secs)
+    n, rss, secs, scrape = out.stdout.split()
+    return int(n), float(rss), float(secs), float(scrape)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,10 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         built = time.perf_counter() - t
         full = probe(root)      # no checkpoint yet: full replay
         again = probe(root)     # with the checkpoint the first open wrote
-    rows = [{"store": "empty", "sessions": empty[0], "RSS MB": empty[1], "open s": empty[2]},
+    rows = [{"store": "empty", "sessions": empty[0], "RSS MB": empty[1], "open s": empty[2],
+             "scrape ms": empty[3]},
             {"store": f"{n} sessions, first open (full replay)", "sessions": full[0], "RSS MB": full[1],
-             "open s": full[2]},
-            {"store": f"{n} sessions, with checkpoint", "sessions": again[0], "RSS MB": again[1], "open s": again[2]}]
+             "open s": full[2], "scrape ms": full[3]},
+            {"store": f"{n} sessions, with checkpoint", "sessions": again[0], "RSS MB": again[1], "open s": again[2],
+             "scrape ms": again[3]}]
     print(f"(store written in {built:.1f} s)")
     print(table("server RSS holding the registry", rows))
     per = (again[1] - empty[1]) * 1024 / max(1, n)
@@ -82,5 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     target_n = 100_000
     print(verdict(f"RSS with {target_n} sessions (MB, extrapolated when fewer were built)",
                   empty[1] + per * target_n / 1024, 150.0, higher_is_better=False))
+    print(verdict(f"a /metrics scrape with {n} sessions, as a multiple of an empty store's (median of 30)",
+                  again[3] / max(empty[3], 1e-6), 2.0, higher_is_better=False))
     print("saved", save("memory", {"rows": rows, "kb_per_session": per}))
     return 0

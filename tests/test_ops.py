@@ -34,6 +34,24 @@ def metrics(body: bytes) -> dict[str, float]:
     return out
 
 
+def documented_metrics(*docs: str) -> set[str]:
+    """Every metric name (sessionlog_*, process_*) the given docs name."""
+    import re
+
+    from .conftest import ROOT
+    names: set[str] = set()
+    for doc in docs:
+        text = (ROOT / doc).read_text()
+        names |= set(re.findall(r"\b((?:sessionlog|process)_[a-z_]+[a-z])\b", text)) - {"sessionlog_store"}
+    return names
+
+
+def sample_names(m: dict[str, float]) -> set[str]:
+    """The samples' names, and a histogram's by its family name too."""
+    names = {k.split("{", 1)[0] for k in m}
+    return names | {n.removesuffix("_bucket") for n in names if n.endswith("_bucket")}
+
+
 async def test_probes_answer_any_host_with_get_and_head(root, nursery):
     server = await start_server(nursery, root)
     for path, want in (("/healthz", b"ok\n"), ("/readyz", b"ready\n")):
@@ -62,6 +80,34 @@ async def test_metrics_count_what_happened_and_name_no_session(root, nursery):
     assert m["sessionlog_append_durable_seconds_count"] >= 2 and m["sessionlog_batch_records_count"] >= 2
     assert m["sessionlog_records_appended_total"] >= 4 and m["sessionlog_bytes_appended_total"] > 100
     assert m["sessionlog_inflight_messages"] == 0 and m["sessionlog_recovery_seconds"] >= 0
+    assert m["sessionlog_backend_info{backend=local,stream=,sync_mode=journal}"] == 1
+    # the process's own figures, from prometheus_client's collector
+    assert m["process_open_fds"] > 0 and m["process_max_fds"] > 0 and m["process_resident_memory_bytes"] > 0
+    assert "process_cpu_seconds_total" in m
+    # every name the operator docs give is one a scrape holds (an alert on a
+    # name that does not exist never fires)
+    named = documented_metrics("README.md", "docs/DEPLOY.md")
+    assert named and not named - sample_names(m), sorted(named - sample_names(m))
+
+
+async def test_a_scrape_reads_counts_kept_as_sessions_change(root, nursery):
+    """Sessions by state are counts the registry and the event log keep, not a
+    walk over the rows at each scrape: archive, unarchive, delete and a
+    quarantine move them, and the registry's own check agrees."""
+    server = await start_server(nursery, root, speed=400.0)
+    store = server.store
+    ids = [(await store.create_session(first_message=f"q{i}"))[0].id for i in range(5)]
+    await store.update_session(ids[0], archived=True)
+    await store.update_session(ids[1], archived=True)
+    await store.update_session(ids[1], archived=False)
+    await store.update_session(ids[2], archived=True)
+    await store.delete_session(ids[2])
+    store.registry.check()
+    from sessionlog_store.eventstore.errors import CorruptRecord
+    store.es.quarantine(ids[3], CorruptRecord(ids[3], 1, "found by a test"))
+    m = metrics(await raw_http(server.port, get("/metrics", host=f"127.0.0.1:{server.port}")))
+    assert (m["sessionlog_sessions{state=active}"], m["sessionlog_sessions{state=archived}"],
+            m["sessionlog_sessions{state=quarantined}"]) == (3, 1, 1)
 
 
 class BreakableFS(FileOps):

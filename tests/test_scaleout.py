@@ -80,7 +80,10 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
     from .test_ops import get, metrics
     from .test_ws import raw_http
     m = metrics(await raw_http(two.port, get("/metrics", host=f"127.0.0.1:{two.port}")))
-    assert m[f"sessionlog_backend{{backend=jetstream,stream={two.stream},sync_mode=jetstream}}"] == 1
+    assert m[f"sessionlog_backend_info{{backend=jetstream,stream={two.stream},sync_mode=jetstream}}"] == 1
+    from .test_ops import documented_metrics, sample_names
+    named = documented_metrics("docs/SCALEOUT.md")
+    assert named and not named - sample_names(m), sorted(named - sample_names(m))
     assert m["sessionlog_records_appended_total"] == 0, "the stop was sent to the streaming worker, which wrote it"
     assert m["sessionlog_stream_position"] > 0 and m["sessionlog_store_ok"] == 1
     assert {"sessionlog_stream_conflicts_total", "sessionlog_stream_retries_total",

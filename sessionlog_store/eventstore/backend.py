@@ -45,6 +45,7 @@ class EventLog(Protocol):
     listeners: list[RecordListener]
     reset_listeners: list[Callable[[str, list[Record], int], None]]
     failure_listeners: list[Callable[[BaseException], None]]
+    quarantined: set[str]  # sessions read-only for damage (kept as it changes: a scrape counts it)
 
     def __contains__(self, session_id: str) -> bool: ...
     def session_ids(self) -> list[str]: ...

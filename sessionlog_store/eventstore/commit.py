@@ -197,6 +197,7 @@ class EventStore:
         self.bytes_appended = 0  # bytes of records in the logs (metrics)
         self.max_open = _descriptor_budget(max_open)
         self.listeners: list[Listener] = []
+        self.quarantined: set[str] = set()  # sessions whose log is damaged (read-only)
         # Called after each durable batch with (records, perf_counter() of its
         # first record, perf_counter() when durable): bench/ measures latency with it.
         self.batch_listeners: list[Callable[[int, float, float], None]] = []
@@ -250,6 +251,8 @@ class EventStore:
                  corrupt: CorruptRecord | None = None) -> None:
         """Make a session found on disk appendable (or read-only if corrupt)."""
         self._sessions[session_id] = _Session(last_seq, end, corrupt)
+        if corrupt is not None:
+            self.quarantined.add(session_id)
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -287,6 +290,7 @@ class EventStore:
         """Damage found in a live session's log (by the background check):
         refuse its appends from now on, as if it had been found at startup."""
         self._session(session_id).corrupt = corrupt
+        self.quarantined.add(session_id)
 
     def _session(self, session_id: str) -> _Session:
         try:
@@ -381,6 +385,7 @@ class EventStore:
             await self._wait(batch)
         async with self._fd_lock:  # not while a worker thread uses the descriptors
             self._sessions.pop(session_id, None)
+            self.quarantined.discard(session_id)
             self._devs.pop(session_id, None)
             fd = self._fds.pop(session_id, None)
             if fd is not None:

@@ -90,6 +90,7 @@ class JetStreamLog:
         self.retry_for = retry_for
         self.retries = 0  # publishes sent again after no answer (a leader election: a metric)
         self.listeners: list[RecordListener] = []
+        self.quarantined: set[str] = set()  # stays empty: the servers checksum and replicate each message
         # Told (session id, its records as the stream now holds them plus this
         # log's rebased ones, their end) after a conflict: what the listeners
         # saw of the session is void; projections fold it again from these.

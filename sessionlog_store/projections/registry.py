@@ -50,6 +50,7 @@ class Registry:
         self.marks: dict[str, Mark] = {}
         self._order: SortedKeyList = SortedKeyList(key=_order_key)
         self.owned: Counter[str] = Counter()  # rows per owner (the per-user session limit)
+        self.archived = 0  # archived rows (kept as rows change: a metrics scrape counts nothing)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -72,7 +73,7 @@ class Registry:
             return
         self.rows[session_id] = meta
         self._order.add(meta)
-        self.owned[meta.owner] += 1
+        self._own(meta)
         if mark is not None:
             self.marks[session_id] = mark
 
@@ -102,9 +103,14 @@ class Registry:
             return
         self.rows[session_id] = new
         self._order.add(new)
-        self.owned[new.owner] += 1
+        self._own(new)
+
+    def _own(self, meta: SessionMeta) -> None:
+        self.owned[meta.owner] += 1
+        self.archived += meta.archived
 
     def _disown(self, meta: SessionMeta) -> None:
+        self.archived -= meta.archived
         self.owned[meta.owner] -= 1
         if not self.owned[meta.owner]:
             del self.owned[meta.owner]
@@ -139,3 +145,4 @@ class Registry:
         for sid, meta in self.rows.items():
             assert meta.id == sid, (sid, meta.id)
         assert self.owned == Counter(m.owner for m in self.rows.values()), "owner counts out of step"
+        assert self.archived == sum(m.archived for m in self.rows.values()), "archived count out of step"

@@ -4,8 +4,13 @@ prometheus_client), and what `GET /readyz` answers.
 Two kinds of figures: histograms fed as things happen (a commit batch's
 append-to-durable time and size, from the event store's batch listeners),
 and everything else read from the live objects when scraped (a custom
-collector), so nothing on the hot path counts twice. One registry per
-server (no process-global state: tests run several servers in a process).
+collector), so nothing on the hot path counts twice. A scrape costs the
+same with 30,000 sessions as with 3: what it reads are counts the registry
+and the event log keep as they change, never a walk over the sessions. The
+process's own figures (open descriptors and their limit, RSS, CPU seconds,
+start time: `process_*`) come from prometheus_client's ProcessCollector.
+One registry per server (no process-global state: tests run several servers
+in a process).
 
 `/metrics` needs no token: it holds counts and timings only, never a session
 id, a title or any content (docs/API.md, "Operating it").
@@ -15,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sessionlog_store.server.edge.limits import LIMIT_CODES
@@ -41,6 +46,7 @@ class ServerMetrics(Collector):
         self.batch = Histogram("sessionlog_batch_records", "Records per commit batch",
                                buckets=_BATCH_BUCKETS, registry=self.registry)
         self.registry.register(self)
+        ProcessCollector(registry=self.registry)
         server.store.es.batch_listeners.append(self._on_batch)
 
     def _on_batch(self, records: int, opened: float, durable: float) -> None:
@@ -77,21 +83,18 @@ class ServerMetrics(Collector):
         yield _gauge("sessionlog_users_connected", "Users with at least one connection",
                      len({c.principal.user for c in server.connections}))
         sessions = GaugeMetricFamily("sessionlog_sessions", "Sessions by state", labels=["state"])
-        rows = store.registry.rows
-        archived = sum(1 for m in rows.values() if m.archived)
-        quarantined = sum(1 for sid in rows if sid in es and es.corruption(sid) is not None)
-        sessions.add_metric(["active"], len(rows) - archived)
-        sessions.add_metric(["archived"], archived)
-        sessions.add_metric(["quarantined"], quarantined)
+        registry = store.registry
+        sessions.add_metric(["active"], len(registry) - registry.archived)
+        sessions.add_metric(["archived"], registry.archived)
+        sessions.add_metric(["quarantined"], len(es.quarantined))
         yield sessions
         rec, worker = store.recovery, store.worker
         yield _gauge("sessionlog_recovery_seconds", "How long the last start's recovery (a worker: the replay "
                      "of the stream) took", rec.seconds if rec is not None else
                      worker.es.replay_seconds if worker is not None else 0.0)
-        info = GaugeMetricFamily("sessionlog_backend", "The event log's backend (1)",
-                                 labels=["backend", "sync_mode", "stream"])
-        info.add_metric(["jetstream" if worker is not None else "local", st.sync_mode,
-                         worker.es.stream if worker is not None else ""], 1)
+        info = InfoMetricFamily("sessionlog_backend", "The event log's backend")  # sessionlog_backend_info
+        info.add_metric([], {"backend": "jetstream" if worker is not None else "local", "sync_mode": st.sync_mode,
+                             "stream": worker.es.stream if worker is not None else ""})
         yield info
         if worker is not None:
             yield _counter("sessionlog_stream_conflicts", "Publishes refused for another worker's, rebased",
