@@ -59,7 +59,7 @@ class ServeProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}{self.prefix}/?token={self.token}"
+        return f"http://127.0.0.1:{self.port}{self.prefix}/#token={self.token}"
 
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")

@@ -99,7 +99,7 @@ def test_reload_mid_stream_continues_with_identical_text(serve, browser):
     page.press("#input", "Enter")
     page.wait_for_selector(".msg.assistant.running")
     sid, mid = current_session(page), reply_id(page)
-    other = open_page(browser, f"{serve.url}#s={sid}")  # never reloads
+    other = open_page(browser, f"{serve.url}&s={sid}")  # never reloads
     other.wait_for_selector(f'[data-msg="{mid}"]')
     page.wait_for_function(f'document.querySelector(\'[data-msg="{mid}"] .bubble\').innerText.length > 60')
     shot(page, "streaming")
@@ -305,6 +305,7 @@ def test_the_page_works_under_a_path_prefix(tmp_path, browser):
 
 NGINX_CONF = NGINX_HEAD + """  server {{
     listen 127.0.0.1:{port} ssl;
+    access_log {d}/access.log;
     ssl_certificate {d}/cert.pem;
     ssl_certificate_key {d}/key.pem;
     location /chat/ {{
@@ -318,7 +319,8 @@ NGINX_CONF = NGINX_HEAD + """  server {{
 def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
     """Issue 15 item 2: Debian's nginx in front (TLS with a self-signed
     certificate, the sub-path /chat/, the WebSocket upgrade); the page in
-    Chromium and the Python client over wss:// both work through it."""
+    Chromium and the Python client over wss:// both work through it.
+    Issue 26 item 5: its access log holds no token."""
     d = tmp_path / "nginx"
     d.mkdir()
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
@@ -338,7 +340,7 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
         page = ctx.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"https://localhost:{port}/chat/?token={TOKEN}")
+        page.goto(f"https://localhost:{port}/chat/#token={TOKEN}")
         page.wait_for_selector(".conn.online")
         page.fill("#input", "Hello through nginx")
         page.press("#input", "Enter")
@@ -360,6 +362,12 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
     finally:
         stop_nginx(proxy)
         s.stop()
+    # nginx's access log (its default format, as docs/DEPLOY.md runs it) has
+    # every request of the page and of the client, and never the token
+    log = (d / "access.log").read_text()
+    assert "GET /chat/ws HTTP/1.1\" 101" in log and "GET /chat/static/app.js" in log, log[:2000]
+    assert log.count("GET /chat/ws ") >= 2, "the page's socket and the client's"
+    assert TOKEN not in log and "token" not in log, log[:2000]
 
 
 # -- issue 14: the page as a product ---------------------------------------------------
@@ -684,7 +692,7 @@ def test_two_users_in_two_browsers_never_see_each_other(tmp_path, browser):
             page = ctx.new_page()
             frames[name] = []
             page.on("websocket", lambda ws, n=name: ws.on("framereceived", lambda f, n=n: frames[n].append(str(f))))
-            page.goto(f"http://127.0.0.1:{s.port}/?token={tok}")
+            page.goto(f"http://127.0.0.1:{s.port}/#token={tok}")
             page.wait_for_selector(".conn.online")
             pages[name] = page
         a, b = pages["alice"], pages["bob"]
@@ -707,7 +715,7 @@ def test_two_users_in_two_browsers_never_see_each_other(tmp_path, browser):
         assert not any(alice_sid in f or "medical" in f for f in frames["bob"]), "a frame of alice's reached bob"
         assert not any(bob_sid in f for f in frames["alice"])
         bad = a.context.browser.new_context().new_page()  # a wrong token: the page says what to do
-        bad.goto(f"http://127.0.0.1:{s.port}/?token=not-a-token")
+        bad.goto(f"http://127.0.0.1:{s.port}/#token=not-a-token")
         bad.wait_for_selector("#token-box:not([hidden])")
     finally:
         s.stop()

@@ -44,7 +44,7 @@ def test_the_page_moves_to_another_worker_when_its_own_is_killed(nats_cluster, t
         two.stop()
         raise
     try:
-        page = open_page(browser, f"http://localhost:{port}/?token={TOKEN}")
+        page = open_page(browser, f"http://localhost:{port}/#token={TOKEN}")
         page.fill("#input", "Write a long answer, please")
         page.press("#input", "Enter")
         page.wait_for_selector(".msg.assistant.running")

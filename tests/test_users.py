@@ -775,3 +775,46 @@ async def test_a_key_taken_out_of_the_jwks_ends_its_connections(root, nursery, t
                 await trio.sleep(0.02)
         await b.request("list_sessions")
     assert await handshake_status(server.port, f"/ws?token={t1}") == 403
+
+
+async def test_the_token_is_read_from_one_place_and_its_subprotocol_is_never_echoed(root, nursery, tmp_path):
+    """Issue 26 item 5: the page's token travels in a subprotocol, not in a
+    URL. Header, then subprotocol, then URL, with no fallback from a refused
+    one to a later one; the server selects sessionlog.v1 and never echoes
+    the token's subprotocol; a subprotocol that does not decode is refused
+    like a wrong token; ?token= still works for scripts."""
+    import base64
+    server = await start_users(nursery, root, tmp_path)
+    alice, bob = TOKENS["alice"], TOKENS["bob"]
+
+    def proto(token: str) -> str:
+        return "sessionlog.token." + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+    async def who(path: str, protocols: list[str] | None = None,
+                  headers: list[tuple[bytes, bytes]] | None = None) -> tuple[str | None, int]:
+        """(the subprotocol the server selected, the sessions listed) or raises."""
+        async with open_websocket("127.0.0.1", server.port, path, use_ssl=False, subprotocols=protocols,
+                                  extra_headers=headers) as ws:
+            await ws.send_message(json.dumps({"action": "list_sessions", "request_id": 1}))
+            return ws.subprotocol, len(json.loads(await ws.get_message())["data"]["rows"])
+
+    async with open_client("127.0.0.1", server.port, alice) as c:  # the Python client: the subprotocol
+        await c.request("create_session", title="alice's")
+    assert await who("/ws", ["sessionlog.v1", proto(alice)]) == ("sessionlog.v1", 1)
+    assert await who("/ws", [proto(alice)]) == (None, 1), "nothing selected when v1 is not offered"
+    assert await who(f"/ws?token={alice}") == (None, 1), "scripts: ?token= as before"
+    # the subprotocol before the URL, and no fallback from a refused one
+    assert await who(f"/ws?token={alice}", ["sessionlog.v1", proto(bob)]) == ("sessionlog.v1", 0)
+    for bad in ("sessionlog.token.!!!", "sessionlog.token.", proto(alice[:-1])):
+        assert await handshake_status_with(server.port, f"/ws?token={alice}", [bad]) == 403, bad
+    # a bearer header before the subprotocol
+    assert await who("/ws", ["sessionlog.v1", proto(alice)],
+                     [(b"Authorization", f"Bearer {bob}".encode())]) == ("sessionlog.v1", 0)
+
+
+async def handshake_status_with(port: int, path: str, protocols: list[str]) -> int | None:
+    try:
+        async with open_websocket("127.0.0.1", port, path, use_ssl=False, subprotocols=protocols):
+            return 101
+    except HandshakeError as e:
+        return getattr(e, "status_code", None)

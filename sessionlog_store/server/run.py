@@ -125,7 +125,7 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
             print(f"sessionlog: serving {base} (--auth {config.auth.mode})", flush=True)
             return
         if sys.stdout.isatty():  # a person at a terminal: the URL to open
-            print(f"sessionlog: serving {base}?token={quote(config.token, safe='')}", flush=True)
+            print(f"sessionlog: serving {base}#token={quote(config.token, safe='')}", flush=True)
             return
         # stdout is a log (journald, docker logs): the token is not written there
         if args.token:

@@ -2,15 +2,24 @@
 `--auth`, turns an upgrade request (its Host and Origin already checked)
 into a `Principal`, or refuses it before any data is sent:
 
-- `token` (the default): the single access token in `?token=`; one
-  principal, the single user (owner "").
+- `token` (the default): the single access token; one principal, the
+  single user (owner "").
 - `tokens-file`: a JSON object `{"<token>": "<user id>", ...}`; re-read on
   SIGHUP (a bad file keeps the old table and is logged).
 - `proxy-header`: the user id in a header an auth proxy sets
   (`X-Forwarded-User`), believed only from `--forwarded-allow-ips`.
-- `jwt`: a signed JWT in `?token=` or `Authorization: Bearer`, verified by
+- `jwt`: a signed JWT, verified by
   PyJWT with an HS256 secret or a JWKS file; `exp` is required, `aud` and
   `iss` are checked when configured, the clock skew allowed is bounded.
+
+A token (of `token`, `tokens-file` and `jwt`) is taken from the first of
+these a request has, never falling back to a later one: `Authorization:
+Bearer <token>` (scripts, clients that can set headers), the WebSocket
+subprotocol `sessionlog.token.<the token in unpadded base64url>` offered
+beside `sessionlog.v1` (the page: a browser cannot set headers on a
+WebSocket, and a URL lands in every proxy's access log), `?token=` (kept
+for scripts). The token's subprotocol is never echoed: the server selects
+`sessionlog.v1`.
 
 Every refusal is the same 403 with the same text, whatever was wrong (no
 user, a wrong token, a bad signature), and a token is looked up by its
@@ -21,6 +30,7 @@ docs/SECURITY.md has the threat model.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import logging
@@ -102,7 +112,28 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
-def _query_token(req: Request) -> str:
+TOKEN_SUBPROTOCOL: Final = "sessionlog.token."
+PROTOCOL: Final = "sessionlog.v1"  # the subprotocol the server selects when offered
+
+
+def offered_subprotocols(req: Request) -> list[str]:
+    return [p.strip() for p in req.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+
+
+def presented_token(req: Request) -> str:
+    """The token a request shows: its bearer header, else its token
+    subprotocol, else its `?token=` ("" when none, or one that does not
+    decode: refused like a wrong one)."""
+    bearer = req.headers.get("authorization", "")
+    if bearer[:7].lower() == "bearer ":
+        return bearer[7:].strip()
+    for proto in offered_subprotocols(req):
+        if proto.startswith(TOKEN_SUBPROTOCOL):
+            raw = proto[len(TOKEN_SUBPROTOCOL):]
+            try:
+                return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                return ""
     return (req.query.get("token") or [""])[0]
 
 
@@ -113,7 +144,7 @@ class SingleToken:
         self._digest = _digest(token)
 
     def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
-        return Credential(user="") if hmac.compare_digest(_digest(_query_token(req)), self._digest) else None
+        return Credential(user="") if hmac.compare_digest(_digest(presented_token(req)), self._digest) else None
 
     def still_valid(self, cred: Credential) -> bool:
         return True
@@ -154,7 +185,7 @@ class TokensFile:
     def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
         # A dict lookup by digest: what a timing difference could tell is
         # about the digest of the guess, never about a stored token.
-        digest = _digest(_query_token(req))
+        digest = _digest(presented_token(req))
         user = self._table.get(digest)
         return None if user is None else Credential(user=user, digest=digest)
 
@@ -241,12 +272,6 @@ class Jwt:
         except ValueError as e:
             log.error("JWKS not reloaded, the old keys stay: %s", e)
 
-    def _token(self, req: Request) -> str:
-        bearer = req.headers.get("authorization", "")
-        if bearer[:7].lower() == "bearer ":
-            return bearer[7:].strip()
-        return _query_token(req)
-
     def still_valid(self, cred: Credential) -> bool:
         """Until it expires (the connection ends itself then), or its key is
         taken out of the JWKS file (checked at the reload)."""
@@ -254,7 +279,7 @@ class Jwt:
 
     def authenticate(self, req: Request, trusted_peer: bool) -> Credential | None:
         jwt, cfg = self.jwt, self.cfg
-        token = self._token(req)
+        token = presented_token(req)
         try:
             if cfg.secret is not None:
                 key: Any = cfg.secret

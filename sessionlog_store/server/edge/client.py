@@ -12,9 +12,9 @@ running message with the content it already has, and patch on each
 """
 from __future__ import annotations
 
+import base64
 import itertools
 import ssl
-from urllib.parse import quote
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +22,8 @@ from typing import Any
 import msgspec
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
+
+from sessionlog_store.server.edge.auth import PROTOCOL, TOKEN_SUBPROTOCOL
 
 TERMINAL = frozenset({"done", "error", "aborted"})
 
@@ -125,9 +127,12 @@ async def open_client(host: str, port: int, token: str, *, origin: str | None = 
     the server is reached under that prefix, e.g. behind a proxy; `record`:
     keep every frame received in `frames`)."""
     headers = [(b"Origin", origin.encode())] if origin else None
-    async with open_websocket(host, port, f"{root_path.rstrip('/')}/ws?token={quote(token, safe='')}",
+    # the token in its subprotocol, as the page sends it: never in a URL (a
+    # proxy's access log keeps those); edge/auth.py
+    sent = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+    async with open_websocket(host, port, f"{root_path.rstrip('/')}/ws",
                               use_ssl=ssl_context if ssl_context is not None else False,
-                              extra_headers=headers) as ws:
+                              subprotocols=[PROTOCOL, TOKEN_SUBPROTOCOL + sent], extra_headers=headers) as ws:
         client = Client(ws, record)
         async with trio.open_nursery() as n:
             n.start_soon(client._reader)

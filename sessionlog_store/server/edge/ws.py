@@ -32,7 +32,7 @@ from sessionlog_store.server.domain.errors import NotFound
 from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 from sessionlog_store.server.edge import protocol as p
-from sessionlog_store.server.edge.auth import REFUSED, AuthConfig, Principal, make_authenticator
+from sessionlog_store.server.edge.auth import PROTOCOL, REFUSED, AuthConfig, Principal, make_authenticator
 from sessionlog_store.server.edge.connection import SEND_TIMEOUT, Connection
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits, Quotas
 from sessionlog_store.server.edge.http import Exchange, Request
@@ -301,7 +301,9 @@ class Server:
             # a frame over 4x the user's limit closes the connection (1009) unread
             limit = min(p.WS_HARD_LIMIT, 4 * self.quotas.limits.frame_bytes)
             request = await ex.upgrade(nursery, max_message_size=limit)
-            ws = await request.accept()
+            # the page offers sessionlog.v1 beside its token's subprotocol
+            # (edge/auth.py): select the first, never echo the token
+            ws = await request.accept(subprotocol=PROTOCOL if PROTOCOL in request.proposed_subprotocols else None)
             conn = Connection(self, ws, nursery, principal)
             conn.remote = remote
             self.connections.add(conn)

@@ -8,19 +8,32 @@
 // built once per message and only its changed parts are touched.
 "use strict";
 
-// The token comes in the URL once, then lives in this tab's sessionStorage:
-// the address bar (history, bookmarks, screenshots) does not keep it.
+// The token comes in the URL once, in its fragment (`#token=`, which no
+// browser sends to a server or a proxy; `?token=` is read too), then lives in
+// this tab's sessionStorage: the address bar (history, bookmarks,
+// screenshots) does not keep it. The socket carries it in a subprotocol,
+// never in a URL (a proxy's access log would keep it).
 const TOKEN_KEY = "sessionlog-token";
 let TOKEN = (() => {
   const q = new URLSearchParams(location.search);
-  const given = q.get("token");
+  const h = new URLSearchParams(location.hash.slice(1));
+  const given = h.get("token") ?? q.get("token");
   if (given === null) return sessionStorage.getItem(TOKEN_KEY) || "";
   sessionStorage.setItem(TOKEN_KEY, given);
   q.delete("token");
-  const rest = q.toString();
-  history.replaceState(null, "", `${location.pathname}${rest ? "?" + rest : ""}${location.hash}`);
+  h.delete("token");
+  const rest = q.toString(), frag = h.toString();
+  history.replaceState(null, "", `${location.pathname}${rest ? "?" + rest : ""}${frag ? "#" + frag : ""}`);
   return given;
 })();
+// The token as the server reads it from the subprotocol it is offered in
+// (edge/auth.py): UTF-8, unpadded base64url.
+function tokenProtocol(token) {
+  const bytes = new TextEncoder().encode(token);
+  let bin = "";
+  for (const b of bytes) bin += String.fromCharCode(b);
+  return "sessionlog.token." + btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
 const BRANDS = { wechat: "WeChat", discord: "Discord", slack: "Slack", telegram: "Telegram", whatsapp: "WhatsApp" };
 const $ = (id) => document.getElementById(id);
 const EMPTY_CHAT = "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost.";
@@ -112,9 +125,9 @@ function connect() {
   // Relative to the page, so that it works under any path prefix (--root-path).
   const url = new URL("ws", location.href);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-  url.search = `?token=${encodeURIComponent(TOKEN)}`;
+  url.search = "";
   url.hash = "";
-  const ws = new WebSocket(url.href);
+  const ws = new WebSocket(url.href, ["sessionlog.v1", tokenProtocol(TOKEN)]);
   let opened = false;
   state.ws = ws;
   state.lose = () => lose();
