@@ -181,7 +181,7 @@ class Leases:
             async def one(key: str, last: int) -> Any:
                 try:
                     return await kv.update(key, value, last=last), expires
-                except Exception as e:  # noqa: BLE001 - sorted out below
+                except Exception:  # noqa: BLE001 - sorted out below
                     try:
                         entry = await kv.get(key)
                     except KeyNotFoundError:  # (deleted too) taken, its reply finalized by the taker
@@ -191,7 +191,7 @@ class Leases:
                     held = _DECODE.decode(entry.value) if entry.value else None
                     if held is not None and held.worker == self.worker:
                         return entry.revision, held.expires  # ours still (the lost answer's update, or ours unchanged)
-                    return False if type(e).__name__ == "KeyWrongLastSequenceError" else None
+                    return False  # the entry answered, and it is another worker's (or a taker's deletion)
             return list(await asyncio.gather(*(one(k, last) for k, last in todo)))
         out: dict[str, bool | None] = {}
         for (key, _), got in zip(todo, await self.log._bridge.run(renew)):

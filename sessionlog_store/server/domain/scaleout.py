@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import trio
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from sessionlog_store.server.domain.store import SessionStore
 
 log = logging.getLogger("sessionlog.worker")
+# How soon a lease renewal that got no answer is tried again (seconds).
+RENEW_RETRY: Final = 1.0
 
 CHECKPOINT_NAME = "registry"  # the registry checkpoint's object in the stream's cache bucket
 # A session's snapshot is written when its lines grew this much since the
@@ -474,9 +476,16 @@ class Worker:
 
     async def renew_loop(self) -> None:
         """Every third of the leases' time to live, renew all of this worker's
-        at once (replies still writing their placeholder included)."""
+        at once (replies still writing their placeholder included). A round
+        that got no answer for some (a leader election, a reconnect) is
+        tried again after RENEW_RETRY, not a third of the time to live
+        later: two unanswered rounds at the full pace (each waits for its
+        timeouts) were enough to let a live reply's lease lapse during one
+        election on a busy machine."""
+        pause = self.leases.ttl / 3
         while True:
-            await trio.sleep(self.leases.ttl / 3)
+            await trio.sleep(pause)
+            pause = self.leases.ttl / 3
             if self.es.broken is not None:
                 # Its replies cannot be finalized here: their leases lapse and
                 # other workers' sweepers finalize them.
@@ -486,10 +495,12 @@ class Worker:
                 results = await self.leases.renew_all()
             except Exception as e:  # noqa: BLE001 - the stream unavailable: the next round tries again
                 log.warning("could not renew the leases: %s", e)
+                pause = min(pause, RENEW_RETRY)
                 continue
             unknown = sum(1 for held in results.values() if held is None)
             if unknown:
                 log.warning("%d lease renewals got no answer (a leader election?); trying again", unknown)
+                pause = min(pause, RENEW_RETRY)
             for key, held in results.items():
                 if held is not False:
                     continue
