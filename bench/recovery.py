@@ -14,8 +14,8 @@ import time
 import trio
 
 from sessionlog_store.eventstore.events import EVENT_DECODER
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import list_session_ids, log_path
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import list_session_ids, log_path
 from sessionlog_store.projections.recovery import load_session_state, recover_registry
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 

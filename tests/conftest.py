@@ -43,8 +43,8 @@ def run_cli_env(extra: dict[str, str], *args: str) -> subprocess.CompletedProces
 
 def read_logs(root: str) -> dict[str, bytes]:
     """Every session log under root, by session id, as bytes."""
-    from sessionlog_store.eventstore.fsio import OS_FILES
-    from sessionlog_store.eventstore.log import list_session_ids, log_path
+    from sessionlog_store.eventstore.local.fsio import OS_FILES
+    from sessionlog_store.eventstore.local.log import list_session_ids, log_path
     out = {}
     for sid in list_session_ids(OS_FILES, root):
         with open(log_path(root, sid), "rb") as f:

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessionlog_store.eventstore.fsio import FileOps
+from sessionlog_store.eventstore.local.fsio import FileOps
 
 Op = tuple[Any, ...]
 MODES = ("drop", "keep", "torn", "zeros")

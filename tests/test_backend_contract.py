@@ -141,7 +141,7 @@ class TestJetStreamLog(EventLogContract):
 
     @asynccontextmanager
     async def open_log(self, path: str, fs: FileOps | None = None) -> AsyncIterator[EventLog]:
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
         async with open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, replicas=3,
                                       timeout=3) as log:
             yield log
@@ -150,7 +150,7 @@ class TestJetStreamLog(EventLogContract):
         """Here a write fails when no node answers (every node killed) for
         longer than the log retries an unanswered publish."""
         pytest.importorskip("nats")
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
 
         from .nats_cluster import NatsCluster
         cluster = NatsCluster(tmp_path)
@@ -178,7 +178,7 @@ class TestJetStreamLog(EventLogContract):
         session again and puts its records after the other's. Every append
         returns durable; the stream holds all of them once, seqs 1..N; both
         projections end equal to it."""
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
         kw = {"stream": self.stream, "prefix": self.prefix, "timeout": 3}
         async with open_jetstream_log(self.cluster.urls, **kw) as a, open_jetstream_log(self.cluster.urls, **kw) as b:
             seen = {"a": self.mirror(a), "b": self.mirror(b)}
@@ -216,7 +216,7 @@ class TestJetStreamLog(EventLogContract):
     async def test_a_session_made_by_two_writers_at_once_is_one_writers(self, tmp_path):
         """Two workers create one id at once: one gets SessionExists and then
         knows the winner's session (and may append to it)."""
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
         kw = {"stream": self.stream, "prefix": self.prefix, "timeout": 3}
         async with open_jetstream_log(self.cluster.urls, **kw) as a, open_jetstream_log(self.cluster.urls, **kw) as b:
             seen_b = self.mirror(b)
@@ -244,7 +244,7 @@ class TestJetStreamLog(EventLogContract):
     async def test_an_append_to_a_session_another_writer_deleted_is_unknown(self, tmp_path):
         """A deletes the session while B still appends: B's append that lost
         the race is UnknownSession, and B forgets the session."""
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
         kw = {"stream": self.stream, "prefix": self.prefix, "timeout": 3}
         async with open_jetstream_log(self.cluster.urls, **kw) as a, open_jetstream_log(self.cluster.urls, **kw) as b:
             seen_b = self.mirror(b)
@@ -265,7 +265,7 @@ class TestJetStreamLog(EventLogContract):
     async def test_a_worker_sees_and_continues_what_another_wrote(self, tmp_path):
         """Two workers on one stream: each one's records reach the other's
         listeners through its tail, in order, and either may append next."""
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
         async with open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, timeout=3) as a, \
                 open_jetstream_log(self.cluster.urls, stream=self.stream, prefix=self.prefix, timeout=3) as b:
             seen: dict[str, list[tuple[str, int]]] = {"a": [], "b": []}
@@ -292,7 +292,7 @@ class TestJetStreamLog(EventLogContract):
         """A worker's start: every session on the stream, each record in
         order through the listeners, a removed session gone, and appends
         continue where the stream ends."""
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
         kw = {"stream": self.stream, "prefix": self.prefix, "timeout": 3}
         async with open_jetstream_log(self.cluster.urls, **kw) as a:
             await a.create("s1", [born("s1"), SessionRenamed(title="one")])
@@ -317,7 +317,7 @@ class TestJetStreamLog(EventLogContract):
         the longest wait is printed next to the election timeout."""
         import time
 
-        from sessionlog_store.eventstore.jetstream import open_jetstream_log
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
 
         from .nats_cluster import NatsCluster
         cluster = NatsCluster(tmp_path)

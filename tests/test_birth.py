@@ -8,7 +8,7 @@ import signal
 
 import trio
 
-from sessionlog_store.eventstore.log import log_path
+from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.server.domain.store import open_session_store
 
 from .conftest import child

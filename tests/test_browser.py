@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state
 
 from .processes import NGINX_HEAD, NGINX_PROXY, ServeProcess, free_port, start_nginx, stop_nginx

@@ -122,8 +122,8 @@ def test_a_mistyped_root_creates_nothing_and_verify_tells_missing_from_corrupt(s
         assert r.returncode == 3 and "no store at" in _one_line_error(r)
         assert not os.path.exists(typo)
     assert run_cli("verify", "--root", store).returncode == 0
-    from sessionlog_store.eventstore.log import list_session_ids, log_path
-    from sessionlog_store.eventstore.fsio import OS_FILES
+    from sessionlog_store.eventstore.local.log import list_session_ids, log_path
+    from sessionlog_store.eventstore.local.fsio import OS_FILES
     sid = list_session_ids(OS_FILES, store)[0]
     with open(log_path(store, sid), "rb") as f:
         data = bytearray(f.read())

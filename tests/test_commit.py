@@ -10,7 +10,8 @@ import trio
 from sessionlog_store.eventstore import FileOps, StoreBroken, StoreClosed, open_event_store
 from sessionlog_store.eventstore.errors import SessionExists, UnknownSession
 from sessionlog_store.eventstore.events import SessionCreated, SessionRenamed
-from sessionlog_store.eventstore.log import log_path, scan
+from sessionlog_store.eventstore.local.log import log_path
+from sessionlog_store.eventstore.record import scan
 
 
 class GateFS(FileOps):
@@ -172,7 +173,7 @@ async def test_open_descriptors_are_bounded(root):
 
 
 async def test_second_process_cannot_open_the_same_root(root):
-    from sessionlog_store.eventstore.fsio import StoreLocked
+    from sessionlog_store.eventstore.local.fsio import StoreLocked
     async with open_event_store(root):
         with pytest.raises(StoreLocked):
             async with open_event_store(root):

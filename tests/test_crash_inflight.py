@@ -9,7 +9,7 @@ import signal
 import trio
 
 from sessionlog_store.eventstore.events import MessageFinalized
-from sessionlog_store.eventstore.log import scan
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.server.domain.store import open_session_store
 
 from .conftest import child, read_logs

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from sessionlog_store.eventstore.errors import SessionReadOnly
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import log_path, project_log_path
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import log_path, project_log_path
 from sessionlog_store.projections.checkpoint import snapshot_path
 from sessionlog_store.projections.rebuild import RepairRefused, repair
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store

@@ -139,7 +139,7 @@ async def test_keepalive_spares_a_client_whose_own_request_is_slow(root, nursery
     pongs sit unread behind them; that is not the client's fault."""
     import time as _time
 
-    from sessionlog_store.eventstore.fsio import FileOps
+    from sessionlog_store.eventstore.local.fsio import FileOps
 
     class StallingFS(FileOps):
         stall = 0.0

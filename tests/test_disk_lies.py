@@ -26,10 +26,11 @@ from collections.abc import Iterator
 
 import pytest
 from sessionlog_store.eventstore import JournalUnapplied
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.journal import (apply_journal, encode_frame, journal_dir, list_segments,
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.journal import (apply_journal, encode_frame, journal_dir, list_segments,
                                                  segment_name)
-from sessionlog_store.eventstore.log import SESSIONS_DIR, log_path, scan, session_dir
+from sessionlog_store.eventstore.local.log import SESSIONS_DIR, log_path, session_dir
+from sessionlog_store.eventstore.record import scan
 
 from .conftest import child, run_cli
 
@@ -207,7 +208,8 @@ def _store_with_journal(root: str, sids: list[str], *, create: bool = True) -> N
 import sys, os, trio
 from sessionlog_store.eventstore import open_event_store
 from sessionlog_store.eventstore.events import SessionCreated, SessionRenamed
-from sessionlog_store.eventstore.log import log_path, scan
+from sessionlog_store.eventstore.local.log import log_path
+from sessionlog_store.eventstore.record import scan
 async def main():
     async with open_event_store(sys.argv[1], journal_sync_interval=3600) as es:
         for sid in sys.argv[3:]:
@@ -355,7 +357,7 @@ def test_a_segment_missing_from_the_middle_of_the_journal_is_damage_kept_aside(r
         with open(log_path(root, sid), "wb") as f:
             f.write(line)
     # three segments of one batch each; the middle one (batch 2) is gone
-    from sessionlog_store.eventstore.journal import born_of
+    from sessionlog_store.eventstore.local.journal import born_of
     frames = {1: [("i9", 2, len(lines["i9"]), b'{"a":1}\n', born_of(lines["i9"]))],
               3: [("j0", 2, len(lines["j0"]), b'{"b":1}\n', born_of(lines["j0"]))]}
     for no, entries in frames.items():

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress
-from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state, recover_registry
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 

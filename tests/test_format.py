@@ -1,4 +1,4 @@
-"""The data root's format stamp (eventstore/storeformat.py): a root written by a
+"""The data root's format stamp (eventstore/local/storeformat.py): a root written by a
 newer build is refused with one line and exit 3 by every command, and nothing
 of it is read or changed; a root from before the stamp is read and stamped."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sessionlog_store.eventstore.storeformat import FORMAT_FILE, FORMAT_VERSION, format_line
+from sessionlog_store.eventstore.local.storeformat import FORMAT_FILE, FORMAT_VERSION, format_line
 
 from .conftest import run_cli
 from .test_cli import run_cli_populate

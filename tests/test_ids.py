@@ -7,7 +7,7 @@ import pytest
 
 from sessionlog_store.eventstore.errors import InvalidSessionId
 from sessionlog_store.eventstore.ids import new_session_id, validate_session_id
-from sessionlog_store.eventstore.log import log_path, session_dir
+from sessionlog_store.eventstore.local.log import log_path, session_dir
 
 BAD = ["", ".", "..", "../x", "../../etc/passwd", "/abs", "/", "a/b", "a\\b", "a\x00b", "x" * 65,
        ".hidden", "-flag", "_x", "a.b", "a b", "é", "a\n", None, 5, b"abc", "\u202e"]

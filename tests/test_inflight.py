@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessionlog_store.eventstore.events import MessageFinalized, MessageProgress
-from sessionlog_store.eventstore.log import log_path, scan
+from sessionlog_store.eventstore.local.log import log_path
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.lifecycle import MESSAGE_TRANSITIONS, IllegalTransition, can_move
 from sessionlog_store.server.domain.errors import BadRequest, Conflict
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store

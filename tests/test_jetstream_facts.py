@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sessionlog_store.eventstore.natsio import until_led
+from sessionlog_store.eventstore.jetstream.natsio import until_led
 
 from .nats_cluster import NatsCluster
 

@@ -1,4 +1,4 @@
-"""The write-ahead journal (eventstore/journal.py): what it holds, what a start
+"""The write-ahead journal (eventstore/local/journal.py): what it holds, what a start
 gives back from it, and what it refuses to give back. Power cuts over the
 whole path are in test_powerloss.py."""
 from __future__ import annotations
@@ -13,9 +13,10 @@ import trio
 
 from sessionlog_store.eventstore import open_event_store
 from sessionlog_store.eventstore.events import SessionCreated, SessionDeleted, SessionRenamed
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.journal import apply_journal, decode_frames, encode_frame, journal_dir, list_segments
-from sessionlog_store.eventstore.log import log_path, read_log, scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.journal import apply_journal, decode_frames, encode_frame, journal_dir, list_segments
+from sessionlog_store.eventstore.local.log import log_path, read_log
+from sessionlog_store.eventstore.record import scan
 
 from .conftest import child, read_logs
 from .simdisk import RecordingFS, crash_image
@@ -271,7 +272,7 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
     the journal only until a restart; reads (which go on) fold them in."""
     import errno
 
-    from sessionlog_store.eventstore.fsio import FileOps
+    from sessionlog_store.eventstore.local.fsio import FileOps
     from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
     class FailLog(FileOps):

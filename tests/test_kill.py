@@ -9,9 +9,10 @@ import time
 import pytest
 
 from sessionlog_store.eventstore.events import MessageCreated
-from sessionlog_store.eventstore.log import list_session_ids, log_path, scan
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.journal import apply_journal
+from sessionlog_store.eventstore.local.log import list_session_ids, log_path
+from sessionlog_store.eventstore.record import scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.journal import apply_journal
 
 from .conftest import child
 

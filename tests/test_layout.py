@@ -20,6 +20,9 @@ PKG = ROOT / "sessionlog_store"
 # layer -> the sessionlog_store modules it must never import (its docstring says so)
 FORBIDDEN = {
     "eventstore": ("sessionlog_store.projections", "sessionlog_store.server"),
+    # each backend in its own room: neither imports the other
+    "eventstore/local": ("sessionlog_store.eventstore.jetstream", "nats"),
+    "eventstore/jetstream": ("sessionlog_store.eventstore.local",),
     "projections": ("sessionlog_store.server",),
     "server/domain": ("sessionlog_store.server.edge", "sessionlog_store.server.agents",
                       "sessionlog_store.server.run", "sessionlog_store.server.cli"),
@@ -58,6 +61,17 @@ def test_each_layer_imports_only_what_it_may(layer):
         f"{init} says what the layer is and may import"
 
 
+def test_the_contract_and_shared_modules_import_no_backend():
+    """eventstore/'s own modules (the contract, events, records, errors, ids)
+    are what every backend shares: they import neither backend. (The
+    package's __init__ names the local engine's store as the library's
+    default, and is not one of them.)"""
+    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted((PKG / "eventstore").glob("*.py"))
+           if path.name != "__init__.py" for name in _imports(path)
+           if name.startswith(("sessionlog_store.eventstore.local", "sessionlog_store.eventstore.jetstream"))]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_layer_check_would_catch_a_forbidden_import(tmp_path):
     """The check above can fail: a domain module importing the edge is found."""
     fake = PKG / "server" / "domain" / "_layout_probe.py"
@@ -72,7 +86,7 @@ def test_the_layer_check_would_catch_a_forbidden_import(tmp_path):
 def test_no_module_of_the_package_is_over_700_lines():
     long = [f"{p.relative_to(ROOT)}: {n}" for p in PKG.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 700 and p.name != "commit.py"]
-    # eventstore/commit.py (the committer, the log writer and the journal
+    # eventstore/local/commit.py (the committer, the log writer and the journal
     # rounds, one lock discipline) is the one exception, kept whole on purpose
     assert not long, long
 
@@ -91,7 +105,7 @@ def test_the_wheel_holds_one_package_and_runs_from_a_clean_directory(tmp_path):
                    "sessionlog_store/server/edge/static/index.html", "sessionlog_store/server/edge/static/app.js",
                    "sessionlog_store/server/edge/static/vendor/purify.min.js",
                    "sessionlog_store/server/edge/static/vendor/LICENSE.dompurify",
-                   "sessionlog_store/server/domain/store.py", "sessionlog_store/eventstore/journal.py"):
+                   "sessionlog_store/server/domain/store.py", "sessionlog_store/eventstore/local/journal.py"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("bench/", "tests/"))]
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()

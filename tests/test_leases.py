@@ -1,4 +1,4 @@
-"""In-flight ownership across workers (eventstore/leases.py) on a real
+"""In-flight ownership across workers (eventstore/jetstream/leases.py) on a real
 3-node JetStream cluster: a dead worker's running reply is finalized
 `aborted` "worker restart" exactly once however many sweepers race, a
 worker whose lease was taken learns it, and a reply that was finished
@@ -15,7 +15,7 @@ pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessi
 
 
 def opened(cluster, name):  # type: ignore[no-untyped-def]
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     return open_jetstream_log(cluster.urls, stream=name, prefix=f"l.{name}", timeout=3)
 
 
@@ -29,7 +29,7 @@ def finalizes(records, mid: str) -> list[MessageFinalized]:  # type: ignore[no-u
 
 
 async def test_a_dead_workers_reply_is_aborted_exactly_once(nats_cluster):
-    from sessionlog_store.eventstore.leases import Leases
+    from sessionlog_store.eventstore.jetstream.leases import Leases
     async with opened(nats_cluster, "LEASE1") as a:
         la = await Leases.open(a, ttl=0.5, skew=0.1)
         await start_reply(a, "s1", "m1")
@@ -55,7 +55,7 @@ async def _sweep(sw, done) -> None:  # type: ignore[no-untyped-def]
 
 
 async def test_a_worker_learns_it_lost_its_lease(nats_cluster):
-    from sessionlog_store.eventstore.leases import Leases, LeaseTaken
+    from sessionlog_store.eventstore.jetstream.leases import Leases, LeaseTaken
     async with opened(nats_cluster, "LEASE2") as a, opened(nats_cluster, "LEASE2") as b:
         la, lb = await Leases.open(a, ttl=0.5, skew=0.1), await Leases.open(b, ttl=5, skew=0.1)
         await start_reply(a, "s1", "m1")
@@ -69,7 +69,7 @@ async def test_a_worker_learns_it_lost_its_lease(nats_cluster):
 
 
 async def test_a_reply_finished_before_its_worker_died_stays_as_it_ended(nats_cluster):
-    from sessionlog_store.eventstore.leases import Leases
+    from sessionlog_store.eventstore.jetstream.leases import Leases
     async with opened(nats_cluster, "LEASE3") as a:
         la = await Leases.open(a, ttl=0.5, skew=0.1)
         await start_reply(a, "s1", "m1")

@@ -12,8 +12,9 @@ import shutil
 import pytest
 import trio
 
-from sessionlog_store.eventstore.log import list_session_ids, log_path
-from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import list_session_ids, log_path
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.jetstream.imports import import_log
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 from .conftest import run_cli
@@ -121,8 +122,8 @@ def test_verify_reports_what_matters_on_a_stream(nats_cluster):
     names each, and passes the clean one."""
     from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress,
                                                     SessionCreated, SessionFlags)
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
-    from sessionlog_store.eventstore.natsio import default_prefix
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.natsio import default_prefix
     from sessionlog_store.eventstore.record import encode_record
 
     def log(sid: str, *events, seqs=None) -> bytes:  # type: ignore[no-untyped-def]
@@ -144,7 +145,7 @@ def test_verify_reports_what_matters_on_a_stream(nats_cluster):
     async def put() -> None:
         async with open_jetstream_log(nats_cluster.urls, stream="VER", prefix=default_prefix("VER")) as es:
             for sid, data in logs.items():
-                await es.import_log(sid, data)
+                await import_log(es, sid, data)
     trio.run(put)
     v = run_cli("verify", "--backend", ",".join(nats_cluster.urls), "--nats-stream", "VER")
     assert v.returncode != 0, v.stdout

@@ -11,7 +11,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessionlog_store.eventstore import StoreBroken
-from sessionlog_store.eventstore.fsio import FileOps
+from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.server.agents.demo import DemoAgent
 from sessionlog_store.server.domain.store import StoreConfig
 from sessionlog_store.server.edge.ws import Server, ServerConfig

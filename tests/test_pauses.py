@@ -42,7 +42,7 @@ async def test_releasing_a_lease_another_worker_took_is_quiet(nats_cluster):
     """Item 1: the paused worker's release, after a sweeper took and deleted
     its lease, raised nats-py's BadRequestError 10071 into the store's
     nursery and ended the process."""
-    from sessionlog_store.eventstore.leases import Leases
+    from sessionlog_store.eventstore.jetstream.leases import Leases
     async with opened(nats_cluster, "PAUSE1") as a, opened(nats_cluster, "PAUSE1") as b:
         la, lb = await Leases.open(a, ttl=0.5, skew=0.1), await Leases.open(b, ttl=5, skew=0.1)
         await start_reply(a, "s1", "m1")
@@ -59,7 +59,7 @@ async def test_a_sweeper_never_takes_its_own_live_reply(nats_cluster):
     the finalize while its producer went on writing. It leaves a lease it
     holds alone; the lease lapsed is given up (`forget`) with the producer
     ended, and only then swept, once."""
-    from sessionlog_store.eventstore.leases import Leases
+    from sessionlog_store.eventstore.jetstream.leases import Leases
     async with opened(nats_cluster, "PAUSE2") as a:
         la = await Leases.open(a, ttl=0.5, skew=0.1)
         await start_reply(a, "s1", "m1")
@@ -109,7 +109,7 @@ async def test_nothing_is_appended_to_a_message_after_its_finalize(nats_cluster)
 async def test_a_swept_reply_leaves_its_session_idle(nats_cluster):
     """Item 4: the sweeper's finalize came with no idle flag, so a swept
     session was listed `running` for ever."""
-    from sessionlog_store.eventstore.leases import Leases
+    from sessionlog_store.eventstore.jetstream.leases import Leases
     async with opened(nats_cluster, "PAUSE4") as a, opened(nats_cluster, "PAUSE4") as b:
         la, lb = await Leases.open(a, ttl=0.5, skew=0.1), await Leases.open(b, ttl=5, skew=0.1)
         for sid in ("s1", "s2"):
@@ -187,7 +187,7 @@ def _told(c: Client, sid: str, mid: str) -> list[tuple[str, str]]:
 
 
 async def _stream_truth(cluster: NatsCluster, stream: str, sids: set[str]) -> dict[str, list[Any]]:
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     async with open_jetstream_log(cluster.urls, stream=stream, prefix=f"sl.{stream}", replay=True) as log:
         return {sid: await log.read(sid) for sid in sids}
 

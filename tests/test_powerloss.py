@@ -17,8 +17,8 @@ import msgspec
 import pytest
 import trio
 
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import log_path
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.projections.recovery import recover_registry
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
@@ -217,7 +217,8 @@ def test_repair_under_a_power_cut_at_every_point(tmp_path):
     """`sessionlog repair` (item 9): at every cut point the removed bytes are
     either still in the log or saved under a durable name, and no cache
     reflects the log past the cut."""
-    from sessionlog_store.eventstore.log import read_log, scan
+    from sessionlog_store.eventstore.local.log import read_log
+    from sessionlog_store.eventstore.record import scan
     from sessionlog_store.projections.rebuild import repair
     from sessionlog_store.projections.recovery import load_session_state
     live = str(tmp_path / "live")

@@ -10,8 +10,9 @@ import os
 import pytest
 import trio
 
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import read_log
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.registry import ROW_FIELDS
 from sessionlog_store.server.edge.client import Client, ServerError
 from sessionlog_store.server.domain.store import StoreConfig

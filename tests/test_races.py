@@ -9,8 +9,9 @@ import random
 import msgspec
 import trio
 
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import SESSIONS_DIR, read_log, scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import SESSIONS_DIR, read_log
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.rebuild import verify
 from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store

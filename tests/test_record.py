@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageProgress, SessionCreated, SessionRenamed
-from sessionlog_store.eventstore.log import scan
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.eventstore.record import MAX_RECORD_BYTES, RecordError, decode_record, encode_record
 from sessionlog_store.eventstore.errors import RecordTooLarge
 

@@ -13,9 +13,10 @@ from trio_websocket import ConnectionClosed, open_websocket
 
 from sessionlog_store.eventstore import open_event_store
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated, SessionRenamed
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.journal import apply_journal, decode_frames, list_segments
-from sessionlog_store.eventstore.log import log_path, read_log, scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.journal import apply_journal, decode_frames, list_segments
+from sessionlog_store.eventstore.local.log import log_path, read_log
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.server.domain.subscriptions import FRAME_BYTES, MsgUpdate, split_update
 

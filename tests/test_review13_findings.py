@@ -10,7 +10,7 @@ import trio
 
 from sessionlog_store.eventstore.errors import SessionReadOnly
 from sessionlog_store.eventstore.events import MessageCreated
-from sessionlog_store.eventstore.log import log_path
+from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.server.edge.client import ServerError, open_client
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store

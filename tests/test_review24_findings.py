@@ -8,10 +8,11 @@ import sys
 import time
 
 from sessionlog_store.eventstore.events import SessionCreated, SessionRenamed
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.journal import (apply_journal, born_of, encode_frame, journal_dir, list_segments,
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.journal import (apply_journal, born_of, encode_frame, journal_dir, list_segments,
                                                  segment_name)
-from sessionlog_store.eventstore.log import log_path, scan, session_dir
+from sessionlog_store.eventstore.local.log import log_path, session_dir
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.eventstore.record import encode_record
 
 from .conftest import child
@@ -73,7 +74,7 @@ def test_a_cut_between_the_starts_truncate_and_write_loses_no_record_the_log_hel
 
 WRITER_BEFORE_5_8 = r"""
 import sys, trio
-import sessionlog_store.eventstore.commit as C, sessionlog_store.eventstore.journal as J
+import sessionlog_store.eventstore.local.commit as C, sessionlog_store.eventstore.local.journal as J
 C.SYNCFS_REPORTS_ERRORS = False; J.SYNCFS_REPORTS_ERRORS = False   # a kernel before 5.8
 from sessionlog_store.eventstore import open_event_store
 from sessionlog_store.eventstore.events import SessionCreated, SessionRenamed

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from sessionlog_store.eventstore.errors import SessionReadOnly
-from sessionlog_store.eventstore.log import SESSIONS_DIR, log_path
+from sessionlog_store.eventstore.local.log import SESSIONS_DIR, log_path
 from sessionlog_store.projections.checkpoint import snapshot_path
 from sessionlog_store.server.edge.client import ServerError, open_client
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store

@@ -91,7 +91,7 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
     # nothing of the reply follows its finalize on the stream (the streaming
     # worker's progress refused by the fence was dropped by its rebase, not renumbered after it)
     from sessionlog_store.eventstore.events import MessageFinalized, MessageProgress
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     async with open_jetstream_log(list(two.extra[1].split(",")), stream=two.stream, prefix=f"sl.{two.stream}",
                                   replay=True) as log:
         records = await log.read(sid)
@@ -137,7 +137,7 @@ async def test_a_killed_workers_reply_is_aborted_once_and_resumed_exactly(worker
             assert mid in {x["msg_id"] for x in msgs}
     # exactly one finalize on the stream, whoever swept
     from sessionlog_store.eventstore.events import MessageFinalized
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     async with open_jetstream_log(nats_cluster.urls, stream=one.stream, prefix=f"sl.{one.stream}", replay=True) as log:
         fins = [r.event for r in await log.read(sid) if isinstance(r.event, MessageFinalized)
                 and r.event.msg_id == reply]
@@ -156,7 +156,7 @@ async def test_a_chat_whose_reply_cannot_start_writes_nothing(workers, nats_clus
     and leaves no message to be sent twice."""
     import dataclasses
 
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     from sessionlog_store.server.edge.client import ServerError
     one, _ = workers
     async with open_client("127.0.0.1", one.port, TOKEN) as a:

@@ -112,7 +112,7 @@ async def test_a_leader_then_a_worker_killed_under_load(setup):
                            + ((("aborted", "worker restart"),) if lapsed else ())), (r, end, lapsed)
             restarted += w is one and end == ("aborted", "worker restart")
         assert restarted > 0, "no reply of the dead worker was running when it died: the test proves nothing"
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     async with open_jetstream_log(cluster.urls, stream="FAULTS", prefix="sl.FAULTS", replay=True) as log:
         for sid in {s for s, _ in told}:
             records = await log.read(sid)

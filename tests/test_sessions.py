@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from sessionlog_store.eventstore import FileOps
-from sessionlog_store.eventstore.log import log_path
-from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import log_path
+from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.projections.recovery import recover_registry
 from sessionlog_store.projections.session import truncate_preview

@@ -28,10 +28,11 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 
-from sessionlog_store.eventstore.fsio import lock_root
+from sessionlog_store.eventstore.local.fsio import lock_root
 from sessionlog_store.projections.checkpoint import read_index
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import read_log, scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import read_log
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.server.edge.client import open_client
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 

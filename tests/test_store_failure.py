@@ -24,8 +24,9 @@ import pytest
 import trio
 
 from sessionlog_store.eventstore import RecordTooLarge
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import SESSIONS_DIR, read_log, scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import SESSIONS_DIR, read_log
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.eventstore.record import MAX_RECORD_BYTES
 from sessionlog_store.server.edge.client import ServerError, open_client
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store

@@ -188,7 +188,7 @@ def test_the_fold_forgets_only_sessions_purged_before_what_the_stream_listed():
 
     def take(fold, sid, seq, stream_seq, ev):  # type: ignore[no-untyped-def]
         data = encode_record(seq, 1.0, ev)
-        from sessionlog_store.eventstore.log import scan
+        from sessionlog_store.eventstore.record import scan
         fold.take(sid, data, scan(sid, data).records, stream_seq)
     fold = StreamFold("S")
     take(fold, "kept", 1, 1, SessionCreated(session_id="kept"))

@@ -8,8 +8,8 @@ import threading
 
 import trio
 
-from sessionlog_store.eventstore.fsio import FileOps
-from sessionlog_store.eventstore.log import SESSIONS_DIR, session_dir
+from sessionlog_store.eventstore.local.fsio import FileOps
+from sessionlog_store.eventstore.local.log import SESSIONS_DIR, session_dir
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 
 

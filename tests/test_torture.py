@@ -17,9 +17,9 @@ import pytest
 import trio
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.journal import apply_journal
-from sessionlog_store.eventstore.log import scan
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.journal import apply_journal
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.server.edge.client import ServerError, open_client
 
 from .conftest import ROOT, read_logs

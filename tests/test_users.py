@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio_websocket import HandshakeError, open_websocket
 
-from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.server.agents.demo import DemoAgent
 from sessionlog_store.server.domain.store import StoreConfig

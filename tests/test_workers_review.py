@@ -174,7 +174,7 @@ async def test_a_renewal_whose_answer_was_lost_keeps_the_reply(nats_cluster, tmp
 async def test_a_start_does_not_wait_for_a_session_purged_during_its_replay(nats_cluster):
     import nats.js.client as jsc
 
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     kw = {"stream": "RV5", "prefix": "rv5.s", "timeout": 3}
     async with open_jetstream_log(nats_cluster.urls, **kw) as es:
         for s in ("keep", "gone"):
@@ -194,7 +194,7 @@ async def test_a_start_does_not_wait_for_a_session_purged_during_its_replay(nats
 
 
 async def test_what_an_adopt_reads_reaches_the_listeners(nats_cluster):
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     kw = {"stream": "RV6", "prefix": "rv6.s", "timeout": 3}
     async with open_jetstream_log(nats_cluster.urls, **kw) as a, open_jetstream_log(nats_cluster.urls, **kw) as b:
         reg = Registry()
@@ -212,7 +212,7 @@ async def test_what_an_adopt_reads_reaches_the_listeners(nats_cluster):
 
 
 async def test_a_record_over_the_servers_max_payload_is_refused_alone_and_big_batches_split(nats_cluster):
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     async with open_jetstream_log(nats_cluster.urls, stream="RV7", prefix="rv7.s", timeout=3) as es:
         await es.create("s", [SessionCreated(session_id="s")])
         with pytest.raises(RecordTooLarge, match="max_payload"):
@@ -226,7 +226,7 @@ async def test_a_record_over_the_servers_max_payload_is_refused_alone_and_big_ba
 
 async def test_a_session_removed_here_is_not_brought_back_by_the_tail(nats_cluster):
     from sessionlog_store.eventstore.events import SessionDeleted
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     async with open_jetstream_log(nats_cluster.urls, stream="RV8", prefix="rv8.s", timeout=3) as es:
         await es.create("s", [SessionCreated(session_id="s")])
         data, last, _ = await es._messages("s")
@@ -239,8 +239,7 @@ async def test_a_session_removed_here_is_not_brought_back_by_the_tail(nats_clust
 
 
 def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, tmp_path):
-    from sessionlog_store.eventstore.fsio import OS_FILES
-    from sessionlog_store.eventstore.jetstream import JetStreamLog
+    from sessionlog_store.eventstore.local.fsio import OS_FILES
     from sessionlog_store.server.domain.store import open_session_store
     from sessionlog_store.server.migrate import StreamTarget, local_to_stream
     root = str(tmp_path / "local")
@@ -253,7 +252,8 @@ def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, 
             return meta.id
     sid = trio.run(make)
     target = StreamTarget(tuple(nats_cluster.urls), stream="RV9")
-    real = JetStreamLog.import_log
+    from sessionlog_store.eventstore.jetstream import imports
+    real = imports.import_log
 
     async def broken(self, session_id, data, *, after=0):  # type: ignore[no-untyped-def]
         import nats.errors
@@ -270,11 +270,11 @@ def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, 
             return await real(self, session_id, data, after=after)
         finally:
             js.publish = publish
-    JetStreamLog.import_log = broken  # type: ignore[method-assign]
+    imports.import_log = broken
     try:
         first = trio.run(local_to_stream, OS_FILES, root, target)
     finally:
-        JetStreamLog.import_log = real  # type: ignore[method-assign]
+        imports.import_log = real
     assert first.copied == 0 and any("run migrate again" in p for p in first.problems), first.problems
     again = trio.run(local_to_stream, OS_FILES, root, target)
     assert again.copied == 1 and again.problems == [], again.problems
@@ -293,7 +293,7 @@ async def test_a_session_purged_before_the_tail_brought_its_tombstone_is_forgott
     unknown, and b's projection drops it."""
     from sessionlog_store.eventstore.errors import UnknownSession
     from sessionlog_store.eventstore.events import SessionDeleted
-    from sessionlog_store.eventstore.jetstream import open_jetstream_log
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
     kw = {"stream": "RV10", "prefix": "rv10.s", "timeout": 3}
     async with open_jetstream_log(nats_cluster.urls, **kw) as a, open_jetstream_log(nats_cluster.urls, **kw) as b:
         reg = Registry()

@@ -112,7 +112,7 @@ async def test_no_snapshot_of_the_old_incarnation_is_named_for_the_new(nats_clus
     but the state and stream_seq of the old one; a load of the new S takes
     it (first matches) and folds the new records after the old state."""
     from sessionlog_store.projections.recovery import fold_until
-    from sessionlog_store.eventstore.log import scan
+    from sessionlog_store.eventstore.record import scan
     async with worker(nats_cluster, tmp_path, "a", "RW4") as a, worker(nats_cluster, tmp_path, "b", "RW4") as b:
         meta, _ = await a.create_session(first_message="old " * 20000)
         sid = meta.id

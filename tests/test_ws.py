@@ -14,7 +14,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket
 
-from sessionlog_store.eventstore.fsio import OS_FILES
+from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.server.agents.demo import DemoAgent
 from sessionlog_store.server.edge.client import ServerError, open_client

@@ -10,8 +10,8 @@ from typing import Final
 
 import msgspec
 
-from sessionlog_store.eventstore.fsio import FileOps, atomic_write
-from sessionlog_store.eventstore.log import session_dir
+from sessionlog_store.eventstore.local.fsio import FileOps, atomic_write
+from sessionlog_store.eventstore.local.log import session_dir
 
 from .session import ROOT_KEY, MessageSnapshot, SessionMeta, SessionState
 

@@ -16,10 +16,11 @@ import msgspec
 
 from sessionlog_store.eventstore.errors import EventStoreError, UnknownSession
 from sessionlog_store.eventstore.events import SessionCreated
-from sessionlog_store.eventstore.fsio import FileOps
-from sessionlog_store.eventstore.journal import list_segments
+from sessionlog_store.eventstore.local.fsio import FileOps
+from sessionlog_store.eventstore.local.journal import list_segments
 from sessionlog_store.eventstore.ids import validate_session_id
-from sessionlog_store.eventstore.log import LOG_NAME, log_path, project_log_path, read_log, scan, session_dir, session_folders
+from sessionlog_store.eventstore.local.log import LOG_NAME, log_path, project_log_path, read_log, session_dir, session_folders
+from sessionlog_store.eventstore.record import scan
 
 from .checkpoint import (IndexCheckpoint, SessionEntry, SessionSnapshot, encode_index, encode_snapshot,
                          index_path, read_index, read_snapshot, snapshot_is_older_format, snapshot_path,

@@ -10,7 +10,7 @@ past the last durable record, because nothing is acknowledged, and no
 checkpoint is written, before its sync).
 
 First, with `repair`, the write-ahead journal a crash left is applied to the
-logs (eventstore/journal.py): after that every acknowledged record is in its
+logs (eventstore/local/journal.py): after that every acknowledged record is in its
 log and the rest of this holds unchanged. Read-only callers (verify, a dry
 run) see the logs as they are.
 
@@ -50,11 +50,11 @@ from dataclasses import dataclass, field
 
 from sessionlog_store.eventstore.errors import CorruptRecord, TornTail
 from sessionlog_store.eventstore.events import SessionDeleted
-from sessionlog_store.eventstore.fsio import FileOps
-from sessionlog_store.eventstore.journal import JournalRecovery, apply_journal
+from sessionlog_store.eventstore.local.fsio import FileOps
+from sessionlog_store.eventstore.local.journal import JournalRecovery, apply_journal
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.eventstore.log import (LOG_NAME, log_path, read_log, repair_torn_tail, scan, session_dir,
-                                             session_folders, with_ends)
+from sessionlog_store.eventstore.local.log import LOG_NAME, log_path, read_log, repair_torn_tail, session_dir, session_folders
+from sessionlog_store.eventstore.record import scan, with_ends
 
 from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, IndexCheckpoint, index_path, read_index, read_snapshot,
                          snapshot_path)

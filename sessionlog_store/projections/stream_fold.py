@@ -19,7 +19,7 @@ import msgspec
 
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
                                                 SessionDeleted)
-from sessionlog_store.eventstore.log import with_ends
+from sessionlog_store.eventstore.record import with_ends
 from sessionlog_store.eventstore.record import Record
 
 from .checkpoint import SNAPSHOT_VERSION, SessionSnapshot

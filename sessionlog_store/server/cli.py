@@ -7,8 +7,8 @@ import sys
 from typing import TYPE_CHECKING, Final
 
 from sessionlog_store.eventstore.errors import EventStoreError
-from sessionlog_store.eventstore.fsio import OS_FILES, lock_root
-from sessionlog_store.eventstore.storeformat import check_format, stamp_format
+from sessionlog_store.eventstore.local.fsio import OS_FILES, lock_root
+from sessionlog_store.eventstore.local.storeformat import check_format, stamp_format
 
 from sessionlog_store.server.logs import LOG_FORMATS, setup_logging
 
@@ -180,13 +180,13 @@ def cmd_repair(args: argparse.Namespace) -> int:
     fd = lock_root(root)
     try:
         if args.journal:
-            from sessionlog_store.eventstore.journal import apply_journal
+            from sessionlog_store.eventstore.local.journal import apply_journal
             rep = apply_journal(OS_FILES, root, missing_logs="keep")
             print(rep.summary())
             for note in rep.notes:
                 print(note)
             return EXIT_OK
-        from sessionlog_store.eventstore.log import log_path
+        from sessionlog_store.eventstore.local.log import log_path
         # `projects` names the project log, unless a session has that id (then
         # `--project-log` names the project log).
         if args.project_log or (args.target == PROJECTS_TARGET and not os.path.exists(log_path(root, PROJECTS_TARGET))):

@@ -23,16 +23,17 @@ from typing import Any
 import trio
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated, SessionDeleted
-from sessionlog_store.eventstore.fsio import FileOps
+from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.eventstore.backend import RecordListener
-from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
-from sessionlog_store.eventstore.natsio import default_prefix
-from sessionlog_store.eventstore.journal import apply_journal
-from sessionlog_store.eventstore.leases import Leases, lease_key
+from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
+from sessionlog_store.eventstore.jetstream import imports
+from sessionlog_store.eventstore.jetstream.natsio import default_prefix
+from sessionlog_store.eventstore.local.journal import apply_journal
+from sessionlog_store.eventstore.jetstream.leases import Leases, lease_key
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.eventstore.log import (SESSIONS_DIR, list_session_ids, log_path, project_log_path, read_log,
-                                             scan, session_dir)
-from sessionlog_store.eventstore.streamprojects import ProjectsMoved, StreamProjectLog
+from sessionlog_store.eventstore.local.log import SESSIONS_DIR, list_session_ids, log_path, project_log_path, read_log, session_dir
+from sessionlog_store.eventstore.record import scan
+from sessionlog_store.eventstore.jetstream.projects import ProjectsMoved, StreamProjectLog
 from sessionlog_store.projections.lifecycle import lifecycle_problems
 
 Progress = Callable[[int, int], None]
@@ -143,9 +144,9 @@ async def _put(log: JetStreamLog, sid: str, data: bytes, report: MigrateReport) 
             if not (have and have.endswith(b"\n") and data.startswith(have)):
                 report.problems.append(f"{sid}: not copied: the stream holds another session of that id")
                 return
-            await log.import_log(sid, data, after=len(have))  # an interrupted copy: the rest
+            await imports.import_log(log, sid, data, after=len(have))  # an interrupted copy: the rest
         else:
-            await log.import_log(sid, data)
+            await imports.import_log(log, sid, data)
     except Exception as e:  # noqa: BLE001 - told, and the run goes on with the next session
         report.problems.append(f"{sid}: not copied: {type(e).__name__}: {e} (run migrate again to finish it)")
         return

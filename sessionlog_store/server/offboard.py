@@ -30,8 +30,8 @@ import trio
 
 from sessionlog_store.eventstore.errors import SessionReadOnly
 from sessionlog_store.eventstore.events import OwnerChanged
-from sessionlog_store.eventstore.fsio import OS_FILES
-from sessionlog_store.eventstore.log import read_log
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.log import read_log
 from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.projections.session import SessionMeta
 from sessionlog_store.server.domain.projects import Project

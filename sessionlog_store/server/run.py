@@ -15,7 +15,7 @@ from urllib.parse import quote
 import trio
 
 from sessionlog_store.eventstore.errors import EventStoreError
-from sessionlog_store.eventstore.fsio import OS_FILES, FileOps
+from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.server.agents import Agent, DemoAgent, load_agents
 from sessionlog_store.server.domain.store import StoreConfig, open_session_store
 from sessionlog_store.server.edge.auth import AuthConfig, JwtConfig, make_authenticator

@@ -20,7 +20,7 @@ class StoreConfig:
                                           # see server/domain/inflight.py SLOTS)
     stall_timeout: float = STALL_TIMEOUT
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
-    sync_mode: SyncMode = "journal"       # see eventstore/commit.py and journal.py
+    sync_mode: SyncMode = "journal"       # see eventstore/local/commit.py and journal.py
     journal_sync_interval: float = 1.0    # logs synced and journal segments removed this often
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     # Folders projects may lie under (() : the home directory only).

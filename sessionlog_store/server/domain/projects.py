@@ -1,5 +1,5 @@
 """The project registry: its own log (`<root>/projects/log.jsonl`; a worker
-on a shared stream: the stream's, eventstore/streamprojects.py), folded
+on a shared stream: the stream's, eventstore/jetstream/projects.py), folded
 into id -> Project. The default project is the home directory; it is never
 stored, refuses to relocate, and its path is restored on every read.
 
@@ -21,11 +21,12 @@ import trio
 
 from sessionlog_store.eventstore.errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
 from sessionlog_store.eventstore.events import ProjectCreated, ProjectDeleted, ProjectMoved, ProjectOwnerChanged
-from sessionlog_store.eventstore.fsio import FileOps
-from sessionlog_store.eventstore.log import append_durable, project_log_path, repair_torn_tail, scan
+from sessionlog_store.eventstore.local.fsio import FileOps
+from sessionlog_store.eventstore.local.log import append_durable, project_log_path, repair_torn_tail
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.eventstore.record import Record, encode_record
 
-from sessionlog_store.eventstore.streamprojects import ProjectsMoved, StreamProjectLog
+from sessionlog_store.eventstore.jetstream.projects import ProjectsMoved, StreamProjectLog
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, ServiceError, unknown_project
 
 DEFAULT_PROJECT_ID: Final = "default"
@@ -146,7 +147,7 @@ class ProjectRegistry:
 
     async def load_shared(self, shared: StreamProjectLog) -> None:
         """A worker on a shared stream: the projects are the stream's
-        (streamprojects.py), every worker's, kept up to date by its tail."""
+        (eventstore/jetstream/projects.py), every worker's, kept up to date by its tail."""
         self.shared = shared
         for rec in await shared.catch_up():
             self._apply(rec.event)

@@ -16,7 +16,7 @@ import trio
 from sessionlog_store.eventstore import EventStoreError, new_session_id
 from sessionlog_store.eventstore.events import Event, HeadMoved, MessageCreated, MessageFinalized, SessionFlags
 from sessionlog_store.eventstore.errors import MessageFinished
-from sessionlog_store.eventstore.log import scan
+from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
 from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.projections.session import MessageSnapshot, SessionState

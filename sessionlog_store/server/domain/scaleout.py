@@ -13,7 +13,7 @@ workers write too (docs/SCALEOUT.md).
   the log; `on_reset` folds the session's row again and drops its loaded
   state (it is read again from the stream on the next load).
 - In-flight ownership: each reply streamed here holds a lease
-  (eventstore/leases.py), taken before its placeholder is written, renewed
+  (eventstore/jetstream/leases.py), taken before its placeholder is written, renewed
   every third of its time to live, released after its finalize. A lease
   that cannot be renewed (another worker took it) ends the reply here
   without a finalize: the taker writes it. The sweeper finalizes every
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 import trio
 
-from sessionlog_store.eventstore.control import StopRequests
+from sessionlog_store.eventstore.jetstream.control import StopRequests
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
                                                 SessionDeleted)
-from sessionlog_store.eventstore.jetstream import JetStreamLog, open_jetstream_log
-from sessionlog_store.eventstore.natsio import default_prefix
-from sessionlog_store.eventstore.objects import StreamObjects, first_stream_seq, stream_facts, subject_from
-from sessionlog_store.eventstore.leases import REASON, LeaseTaken, Leases, lease_key
+from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
+from sessionlog_store.eventstore.jetstream.natsio import default_prefix
+from sessionlog_store.eventstore.jetstream.objects import StreamObjects, first_stream_seq, stream_facts, subject_from
+from sessionlog_store.eventstore.jetstream.leases import REASON, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.eventstore.log import scan, with_ends
+from sessionlog_store.eventstore.record import scan, with_ends
 from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.projections.registry import Registry
 from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_checkpoint,

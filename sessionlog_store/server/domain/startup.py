@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from sessionlog_store.eventstore.events import Event, MessageFinalized, SessionFlags
-from sessionlog_store.eventstore.streamprojects import StreamProjectLog
+from sessionlog_store.eventstore.jetstream.projects import StreamProjectLog
 from sessionlog_store.projections.maintenance import MaintenancePlan, plan_maintenance
 from sessionlog_store.projections.recovery import check_prefix, recover_registry
 

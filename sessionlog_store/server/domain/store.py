@@ -30,7 +30,7 @@ from sessionlog_store.eventstore.events import (Event, MessageCreated, MessageFi
                                                 ProjectBound, ProjectRelocated, SessionCreated, SessionDeleted,
                                                 SessionFlags, SessionRenamed)
 from sessionlog_store.eventstore.record import decode_record
-from sessionlog_store.eventstore.log import read_log
+from sessionlog_store.eventstore.local.log import read_log
 from sessionlog_store.projections.recovery import RecoveryReport, load_session_state
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState

@@ -14,7 +14,20 @@ from typing import Any, Final, TypeVar
 
 import trio
 
-from .errors import StoreBroken
+from ..errors import StoreBroken
+
+
+# The header naming a message's writer (a log: a worker's connection).
+WRITER_HEADER = "Sessionlog-Writer"
+# JetStream's error codes for a failed expected-last-subject-sequence check
+# (JSStreamWrongLastSequenceErrF, and the constant form 2.11+ answers).
+WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+# Reading a session: this many messages one direct get each, the rest from
+# an ordered consumer (thousands of gets took seconds; a consumer costs a
+# few round trips to make and delivers ~100k messages/s).
+DIRECT_GETS: Final = 16
 
 T = TypeVar("T")
 

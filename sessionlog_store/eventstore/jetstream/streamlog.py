@@ -53,35 +53,23 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .backend import RecordListener
-from .commit import Appended, CommitStatistics
-from .errors import (CorruptRecord, EventStoreError, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
+from ..backend import Appended, CommitStatistics, EventLog, RecordListener
+from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
                      UnknownSession)
-from .events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
-from .ids import validate_session_id
-from .log import scan, with_ends
-from .natsio import AsyncioThread, ensure_stream, publish_answered, read_subject, split_by_size
-from .record import Record, decode_record, encode_record
-from .streamsession import StreamSession
+from ..events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
+from ..ids import validate_session_id
+from ..record import scan, with_ends
+from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream, publish_answered, read_subject, split_by_size
+from ..record import Record, decode_record, encode_record
+from .session import StreamSession
 
 
 log = logging.getLogger("sessionlog.jetstream")
 
-# The header naming a message's writer (a log: a worker's connection).
-WRITER_HEADER = "Sessionlog-Writer"
-# JetStream's error codes for a failed expected-last-subject-sequence check
-# (JSStreamWrongLastSequenceErrF, and the constant form 2.11+ answers).
-WRONG_LAST_SEQUENCE = (10071, 10164)
-
-
-# Reading a session: this many messages one direct get each, the rest from
-# an ordered consumer (thousands of gets took seconds; a consumer costs a
-# few round trips to make and delivers ~100k messages/s).
-DIRECT_GETS: Final = 16
 class JetStreamLog:
     """Use `open_jetstream_log()`."""
 
@@ -610,11 +598,6 @@ class JetStreamLog:
         """The session's acknowledged records with seq > after_seq."""
         return [r for r in scan(session_id, await self.log_bytes(session_id)).records if r.seq > after_seq]
 
-    async def import_log(self, session_id: str, data: bytes, *, after: int = 0) -> None:
-        """Put a session's log on the stream byte for byte (imports.py)."""
-        from .imports import import_log
-        await import_log(self, session_id, data, after=after)
-
     async def adopt(self, session_id: str) -> list[Record]:
         """The session's records as the stream holds them now (UnknownSession
         if it has none). The messages this log had not seen yet go the tail's
@@ -697,3 +680,8 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
                 pass
     finally:
         bridge.stop()
+
+
+if TYPE_CHECKING:
+    def _the_stream_is_an_event_log(log: JetStreamLog) -> EventLog:
+        return log  # mypy checks that JetStreamLog keeps the contract (eventstore/backend.py)

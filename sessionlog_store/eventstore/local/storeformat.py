@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from .errors import NewerFormat, UnreadableFormat
+from ..errors import NewerFormat, UnreadableFormat
 from .fsio import FileOps, atomic_write
 
 FORMAT_VERSION: Final = 1

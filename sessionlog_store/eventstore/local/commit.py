@@ -60,19 +60,21 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Final, Literal
 
 import trio
 
-from .errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
+from ..backend import Appended, CommitStatistics, EventLog
+from ..errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
                      UnknownSession)
-from .events import Event, SessionDeleted
+from ..events import Event, SessionDeleted
 from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps, lock_root
 from .storeformat import stamp_format
 from .journal import (SEGMENT_BYTES, Entry, JournalRecovery, apply_journal, birth, encode_frame, journal_dir,
                       born_of, log_born, segment_name)
-from .log import SESSIONS_DIR, log_path, read_log, scan, session_dir
-from .record import Record, encode_record
+from .log import SESSIONS_DIR, log_path, read_log, session_dir
+from ..record import scan
+from ..record import Record, encode_record
 
 SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
 
@@ -106,22 +108,6 @@ def _descriptor_budget(wanted: int) -> int:
 # The listener sees every record as it is appended (not yet durable):
 # (session_id, record, byte offset just past the record).
 Listener = Callable[[str, Record, int], None]
-
-
-class Appended(NamedTuple):
-    record: Record
-    end: int  # byte offset just past this record in the session's log
-
-
-class CommitStatistics(NamedTuple):
-    batches: int
-    records: int
-    largest_batch: int
-    files_synced: int
-    waiting_appenders: int
-    sync_mode: str
-    log_syncs: int = 0          # journal rounds: logs synced, segments removed
-    segments_removed: int = 0
 
 
 class Timing:
@@ -942,3 +928,8 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store._close_sync)
         os.close(lock_fd)
+
+
+if TYPE_CHECKING:
+    def _the_reference_is_an_event_log(store: EventStore) -> EventLog:
+        return store  # mypy checks that EventStore keeps the contract (eventstore/backend.py)

@@ -18,7 +18,7 @@ import msgspec
 import trio
 
 if TYPE_CHECKING:
-    from .jetstream import JetStreamLog
+    from .streamlog import JetStreamLog
 
 _ENCODER: Final = msgspec.json.Encoder()
 _DECODER: Final = msgspec.json.Decoder(tuple[str, str])

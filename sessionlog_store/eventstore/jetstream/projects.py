@@ -14,14 +14,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from .events import Event
-from .jetstream import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE
-from .log import scan
-from .natsio import publish_answered, read_subject
-from .record import Record, encode_record
+from ..events import Event
+from ..record import scan
+from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered, read_subject
+from ..record import Record, encode_record
 
 if TYPE_CHECKING:
-    from .jetstream import JetStreamLog
+    from .streamlog import JetStreamLog
 
 PROJECTS: Final = "_projects"  # the subject's last token
 

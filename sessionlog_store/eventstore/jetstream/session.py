@@ -8,8 +8,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from .errors import MessageFinished
-from .events import Event, MessageFinalized, MessageProgress
+from ..errors import MessageFinished
+from ..events import Event, MessageFinalized, MessageProgress
 
 
 class StreamSession:

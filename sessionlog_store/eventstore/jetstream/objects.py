@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from .natsio import read_subject, until_led
+from .natsio import DIRECT_GETS, read_subject, until_led
 
 if TYPE_CHECKING:
-    from .jetstream import JetStreamLog
+    from .streamlog import JetStreamLog
 
 # The servers answer a stream's subjects in one reply up to this many
 # (JSMaxSubjectDetails); past it the list is not whole.
@@ -124,7 +124,6 @@ async def stream_facts(log: JetStreamLog) -> StreamFacts:
 async def subject_from(log: JetStreamLog, session_id: str, start: int) -> tuple[bytes, list[tuple[int, int]]]:
     """A session's messages from stream sequence `start` on, joined, and
     each one's (stream sequence, offset just past it there)."""
-    from .jetstream import DIRECT_GETS
     js, stream, subject = log._js, log.stream, log.subject(session_id)
     data, _, marks = await log._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
     return data, marks

@@ -94,12 +94,12 @@ from typing import Final, Literal
 
 import msgspec
 
-from .errors import JournalUnapplied
-from .events import SessionDeleted
+from ..errors import JournalUnapplied
+from ..events import SessionDeleted
 from .fsio import SYNCFS_REPORTS_ERRORS, FileOps
-from .ids import is_valid_session_id
+from ..ids import is_valid_session_id
 from .log import log_path
-from .record import MAX_RECORD_BYTES, RecordError, decode_record
+from ..record import MAX_RECORD_BYTES, RecordError, decode_record
 
 JOURNAL_DIR: Final = "journal"
 SEGMENT_SUFFIX: Final = ".wal"

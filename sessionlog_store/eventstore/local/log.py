@@ -30,13 +30,11 @@ A seq that does not follow its predecessor is damage too.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Final, NamedTuple
+from typing import Final
 
-from .errors import CorruptRecord, TornTail
+from ..errors import TornTail
 from .fsio import FileOps
-from .ids import is_valid_session_id, validate_session_id
-from .record import Record, RecordError, decode_lines, decode_record, decode_record_for_meta
+from ..ids import is_valid_session_id, validate_session_id
 
 LOG_NAME: Final = "log.jsonl"
 SESSIONS_DIR: Final = "sessions"
@@ -55,69 +53,6 @@ def log_path(root: str, session_id: str) -> str:
 def project_log_path(root: str) -> str:
     """The project registry's own log."""
     return os.path.join(root, PROJECTS_DIR, LOG_NAME)
-
-
-class Scan(NamedTuple):
-    """What scanning a log's bytes found."""
-    records: list[Record]
-    good_end: int            # byte offset just past the last good record
-    torn_bytes: int          # bytes after good_end (0: no torn tail)
-    corrupt: CorruptRecord | None  # damage before the tail: the session is quarantined
-
-
-def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int = 0,
-         expect_seq: int | None = None, meta_only: bool = False) -> Scan:
-    """Decode a log (or a log's tail starting at `base_offset`). Pure.
-
-    Stops at the first damaged record; if a good record follows it, that is
-    corruption, otherwise everything from it on is a torn tail. With
-    `meta_only`, progress records are checked (checksum, envelope, seq) but
-    not decoded (see decode_record_for_meta): for registry rebuilds.
-    """
-    decode = decode_record_for_meta if meta_only else decode_record
-    lines = data.split(b"\n")
-    last = len(lines) - 1  # lines[last] has no newline: empty, or an interrupted write
-    # The common case, a log of good records: all of them in one decode pass.
-    fast = decode_lines(lines[:last], meta_only=meta_only) if last else []
-    if fast is not None and (expect_seq is None or all(r.seq == expect_seq + i for i, r in enumerate(fast))):
-        pos = len(data) - len(lines[last])
-        return Scan(fast, base_offset + pos, len(data) - pos, None)
-    records: list[Record] = []
-    append = records.append
-    pos = 0
-    line_no = base_line
-    for i, line in enumerate(lines):
-        if i == last:
-            break
-        line_no += 1
-        try:
-            rec = decode(line)
-        except RecordError as e:
-            if _any_good_after(data, pos + len(line) + 1):
-                return Scan(records, base_offset + pos, 0, CorruptRecord(session_id, line_no, str(e)))
-            break
-        if expect_seq is not None and rec.seq != expect_seq:
-            reason = f"seq {rec.seq} where {expect_seq} was expected"
-            return Scan(records, base_offset + pos, 0, CorruptRecord(session_id, line_no, reason))
-        expect_seq = rec.seq + 1
-        append(rec)
-        pos += len(line) + 1
-    return Scan(records, base_offset + pos, len(data) - pos, None)
-
-
-def _any_good_after(data: bytes, pos: int) -> bool:
-    """Is there a decodable record anywhere from `pos` on?"""
-    end = len(data)
-    while pos < end:
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            return False
-        try:
-            decode_record(data[pos:nl])
-            return True
-        except RecordError:
-            pos = nl + 1
-    return False
 
 
 def repair_torn_tail(fs: FileOps, path: str, label: str, data: bytes, good_end: int,
@@ -176,10 +111,4 @@ def session_folders(fs: FileOps, root: str) -> tuple[list[str], list[str]]:
     return with_log, without
 
 
-def with_ends(records: list[Record], data: bytes, base: int) -> Iterator[tuple[Record, int]]:
-    """Pair each record of a scan of `data` (lines from byte `base` of a log)
-    with the offset just past its line."""
-    pos = 0
-    for rec in records:
-        pos = data.index(b"\n", pos) + 1
-        yield rec, base + pos
+#END

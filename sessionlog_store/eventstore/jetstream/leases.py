@@ -30,11 +30,11 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from .errors import MessageFinished, UnknownSession
-from .events import Event, MessageCreated, MessageFinalized, SessionCreated, SessionFlags
-from .jetstream import WRONG_LAST_SEQUENCE, JetStreamLog
-from .record import Record
-from .natsio import unanswered, until_led
+from ..errors import MessageFinished, UnknownSession
+from ..events import Event, MessageCreated, MessageFinalized, SessionCreated, SessionFlags
+from .streamlog import JetStreamLog
+from ..record import Record
+from .natsio import WRONG_LAST_SEQUENCE, unanswered, until_led
 
 log = logging.getLogger("sessionlog.leases")
 

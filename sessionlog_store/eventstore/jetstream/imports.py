@@ -5,13 +5,12 @@ from __future__ import annotations
 import zlib
 from typing import TYPE_CHECKING, Final
 
-from .errors import SessionExists
-from .jetstream import WRITER_HEADER, WRONG_LAST_SEQUENCE
-from .log import scan
-from .natsio import publish_answered
+from ..errors import SessionExists
+from ..record import scan
+from .natsio import WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered
 
 if TYPE_CHECKING:
-    from .jetstream import JetStreamLog
+    from .streamlog import JetStreamLog
 
 # A log goes on the stream in messages of at most this many bytes (the
 # servers' max_payload is 1 MiB by default; a longer line goes alone).
