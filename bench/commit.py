@@ -70,7 +70,7 @@ async def durability_point(root: str, n: int, mode: str, rounds: int) -> float:
         for r in range(rounds):
             await es.flush()
             if mode == "journal":
-                await es._sync_round()  # start each round with synced logs, as the design does each second
+                await es.sync_round()  # start each round with synced logs, as the design does each second
             for i, sid in enumerate(ids):
                 es.append_nowait(sid, MessageProgress(msg_id="m", content_delta=DELTA, offset=r * 120))
             t0 = time.perf_counter()

@@ -167,7 +167,7 @@ async def test_open_descriptors_are_bounded(root):
                     for sid in ids:
                         n.start_soon(es.append, sid, SessionRenamed(title=str(rnd)))
                 await es.flush()  # the log writer is done with this round's lines
-                assert len(es._fds) <= 16
+                assert len(es.files) <= 16
             fds = len(os.listdir("/proc/self/fd"))
             assert fds < 200
 

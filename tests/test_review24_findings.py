@@ -89,7 +89,7 @@ async def main():
         for sid in fill:  # small appends into blocks already on disk; s1's descriptor leaves the LRU
             await es.append(sid, SessionRenamed(title="y"))
         await es.flush()
-        assert "s1" not in es._fds
+        assert "s1" not in es.files.fds
         print("acked", flush=True)
         sys.stdin.readline()
     print("stopped", es.broken is not None, flush=True)

@@ -5,7 +5,12 @@ commit and the write-ahead journal.
   simulated disk), the root's lock, atomic writes.
 - log.py: the layout (`sessions/<id>/log.jsonl`), torn-tail repair, reads.
 - journal.py: the journal's frames, invariants and the start's write-back.
-- commit.py: the committer (group commit), the log writer and the rounds.
+- commit.py: EventStore, the committer (group commit) and its lifecycle.
+- batch.py: a batch of lines, a session's log state, the write path's timing.
+- logfiles.py: the logs' open descriptors (an LRU), their writes and syncs.
+- segments.py: the journal's segment files.
+- logwriter.py: journaled batches' lines into their logs; the written position.
+- rounds.py: the journal's rounds (the logs synced, covered segments removed).
 - storeformat.py: the root's FORMAT stamp, read before anything else.
 
 May import: the contract and shared modules of eventstore/ (backend,

@@ -9,9 +9,8 @@ record, puts the line into the *filling* batch and calls the store's listener
 file and the order the projections see are one and the same.
 
 The committer swaps the filling batch for an empty one and hands the full one
-to a worker thread, which writes each dirty session's lines with one
-`os.write` on its `O_APPEND` descriptor and then makes the batch durable.
-While that thread syncs, the next batch fills:
+to a worker thread, which makes it durable. While that thread syncs, the next
+batch fills:
 
     trio thread:  append append append | append append ...  | append
     committer:    [swap] -> thread: write+sync batch 1 -> set 1 [swap] -> batch 2 ...
@@ -19,27 +18,20 @@ While that thread syncs, the next batch fills:
 
 How a batch is made durable (`sync_mode`): "journal" (the default) writes
 the batch as one frame to the write-ahead journal and fdatasyncs that one
-file, then writes each session's lines to its log without a sync; a periodic
-round makes the logs durable with one syncfs per device and removes the
-journal segments it covered (journal.py has the frame format, the invariants
-and recovery). The direct modes sync the logs themselves in every batch:
-"fdatasync" syncs each dirty file
-(~0.1 ms each here), "syncfs" makes one Linux syncfs(2) call per filesystem
-holding a dirty log (the `st_dev` of each log, found when its descriptor is
-opened: a session folder may be a symlink or a mount on another device than
-the root; one device flush for any number of files, which also flushes other
-dirty files of that filesystem), "auto" uses fdatasync for a batch of one
-file and syncfs for more. bench/ measures them all; see bench/README.md for
-why "journal" (one file and one sync per batch, whatever the number of
-sessions in it).
+file (segments.py); the log writer (logwriter.py) then writes each session's
+lines to its log without a sync, and a periodic round (rounds.py) makes the
+logs durable and removes the journal segments it covered (journal.py has the
+frame format, the invariants and recovery). The direct modes write and sync
+the logs themselves in every batch (logfiles.py): "fdatasync" each dirty
+file, "syncfs" one syncfs(2) per filesystem holding a dirty log, "auto"
+fdatasync for a batch of one file and syncfs for more. bench/ measures them
+all; bench/README.md says why "journal" (one file and one sync per batch,
+whatever the number of sessions in it).
 
 In the journal mode the batch's waiters wake when the journal's fdatasync
-returns; a second task (the log writer) then writes the lines to the logs,
-oldest batch first, one write per session for as many batches as queued up,
-so a slow log write (a filesystem busy with the round's syncfs) never delays
-an acknowledgement. `flush()` waits until everything appended is durable
-*and* in its log: every reader of a log (load, resume, the background check,
-`remove()`) calls it first. `durable_seq` is what is acknowledged;
+returns. `flush()` waits until everything appended is durable *and* in its
+log: every reader of a log (load, resume, the background check, `remove()`)
+calls it first. `durable_seq` is what is acknowledged;
 `written_seq`/`durable_end` what a reader of the file finds (checkpoints
 record those). In the direct modes both move together.
 
@@ -48,16 +40,15 @@ no further append is accepted, and nothing is retried (after a failed fsync
 the kernel may have dropped the dirty pages; a retry can "succeed" with the
 data gone). Restarting recovers from what is on disk.
 
-Descriptors are kept in an LRU of at most `max_open` entries (in the
-"fdatasync" mode a descriptor is synced before it is closed). The committer's
-worker thread, the journal round and `remove()` take turns on descriptors and
-segments through one trio lock (`_io_lock`).
+Locks: the log descriptors (logfiles.py) are used by one thread at a time
+under `fd_lock` (the committer in the direct modes, the log writer, the
+round's fdatasyncs, `remove()`); the journal's open segment under `io_lock`
+(the committer's frames, the round closing it).
 """
 from __future__ import annotations
 
 import os
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final, Literal
@@ -68,13 +59,16 @@ from ..backend import Appended, CommitStatistics, EventLog
 from ..errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
                      UnknownSession)
 from ..events import Event, SessionDeleted
+from ..record import Record, encode_record, scan
+from .batch import Batch, LogState, Timing
 from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps, lock_root
+from .journal import Entry, JournalRecovery, apply_journal, birth, born_of, encode_frame, journal_dir, log_born
+from .log import SESSIONS_DIR, create_log, log_path, read_log, remove_session_folder, session_dir
+from .logfiles import MAX_OPEN_LOGS, LogFiles, descriptor_budget
+from .logwriter import LogWriter
+from .rounds import JournalRounds
+from .segments import JournalSegments
 from .storeformat import stamp_format
-from .journal import (SEGMENT_BYTES, Entry, JournalRecovery, apply_journal, birth, encode_frame, journal_dir,
-                      born_of, log_born, segment_name)
-from .log import SESSIONS_DIR, log_path, read_log, session_dir
-from ..record import scan
-from ..record import Record, encode_record
 
 SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
 
@@ -82,83 +76,9 @@ SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
 # the bound on what a start after a crash re-applies.
 JOURNAL_SYNC_INTERVAL: Final = 1.0
 
-# Open log descriptors kept for appends: enough for every streaming session of
-# a busy server (bench/: 10,000 streams), bounded so that more sessions never
-# exhaust the process's descriptors; at open, the soft RLIMIT_NOFILE is raised
-# toward the hard one and a quarter of what is allowed (at least 256) is left
-# for everything else (sockets, snapshots). Sessions written in turn (every
-# stream each tick) beyond the cap miss the LRU on every write (an open and a
-# close per batch): bench/ measured 10,000 streams under a cap of 9,872
-# spending 40 % of the committer's thread on that. Raise `ulimit -n` for more.
-MAX_OPEN_LOGS: Final = 16384
-
-
-def _descriptor_budget(wanted: int) -> int:
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = min(hard, max(soft, 2 * wanted + 256)) if hard != resource.RLIM_INFINITY else 2 * wanted + 256
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return max(16, min(wanted, soft - max(256, soft // 4)))
-
 # The listener sees every record as it is appended (not yet durable):
 # (session_id, record, byte offset just past the record).
 Listener = Callable[[str, Record, int], None]
-
-
-class Timing:
-    """Count, total and largest duration of each step of the write path."""
-
-    def __init__(self) -> None:
-        self.steps: dict[str, list[float]] = {}
-
-    def add(self, step: str, seconds: float) -> None:
-        s = self.steps.get(step)
-        if s is None:
-            self.steps[step] = [1, seconds, seconds]
-        else:
-            s[0] += 1
-            s[1] += seconds
-            if seconds > s[2]:
-                s[2] = seconds
-
-    def summary(self) -> str:
-        return ", ".join(f"{k}: {int(n)} x {1e3 * t / n:.2f} ms avg, {1e3 * m:.1f} ms max"
-                         for k, (n, t, m) in self.steps.items())
-
-
-class _Batch:
-    __slots__ = ("done", "error", "lines", "last_seq", "offsets", "births", "records", "waiters", "opened", "no")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.error: BaseException | None = None
-        self.lines: dict[str, list[bytes]] = {}
-        self.last_seq: dict[str, int] = {}
-        self.offsets: dict[str, int] = {}   # where the session's first line of the batch starts
-        self.births: list[str] = []         # journal birth markers (see journal.py)
-        self.no = 0                         # batch number, given when it is committed
-        self.records = 0
-        self.waiters = 0
-        self.opened = 0.0  # perf_counter() when its first record came
-
-
-class _Session:
-    __slots__ = ("last_seq", "end", "durable_seq", "written_seq", "written_end", "corrupt", "deleted", "born")
-
-    def __init__(self, last_seq: int, end: int, corrupt: CorruptRecord | None, born: int | None = None) -> None:
-        self.deleted = False  # its tombstone is appended: nothing may follow it
-        self.born = born      # journal.born_of(the log's first line); None: not read yet
-        self.last_seq = last_seq
-        self.end = end
-        self.durable_seq = last_seq   # acknowledged (in the journal, or synced in the log)
-        self.written_seq = last_seq   # durable and in the log file (page cache at least)
-        self.written_end = end
-        self.corrupt = corrupt
 
 
 class EventStore:
@@ -180,8 +100,6 @@ class EventStore:
         self.journal_sync_interval = journal_sync_interval
         self.journal_recovery = JournalRecovery()  # what opening the store re-applied
         self.timing = Timing()  # where the committer's time goes (bench/, metrics)
-        self.bytes_appended = 0  # bytes of records in the logs (metrics)
-        self.max_open = _descriptor_budget(max_open)
         self.listeners: list[Listener] = []
         self.quarantined: set[str] = set()  # sessions whose log is damaged (read-only)
         # Called after each durable batch with (records, perf_counter() of its
@@ -195,48 +113,37 @@ class EventStore:
         self.reset_listeners: list[Callable[[str, list[Record], int], None]] = []
         # Called once, on the trio thread, when a write or sync fails (the store breaks).
         self.failure_listeners: list[Callable[[BaseException], None]] = []
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, LogState] = {}
         self._creating: set[str] = set()
-        self._fds: OrderedDict[str, int] = OrderedDict()
-        self._devs: dict[str, int] = {}       # session -> st_dev of its log
-        self._dev_fds: dict[int, int] = {}    # st_dev -> a folder descriptor on it (for syncfs)
-        self._batch = _Batch()
-        self._committing: _Batch | None = None
+        self._batch = Batch()
+        self._committing: Batch | None = None
         self._wake = trio.Event()
         self._stopped = trio.Event()
         self._closing = False
         self._closed = False
         self._broken: BaseException | None = None
-        self._stats = [0, 0, 0, 0, 0, 0]  # batches, records, largest, files synced, log syncs, segments removed
-        # the journal (sync_mode "journal")
-        self._io_lock = trio.Lock()   # the journal's segment (committer, round)
-        self._fd_lock = trio.Lock()   # the log descriptors (log writer, remove)
-        self._unwritten: list[_Batch] = []   # durable batches whose lines wait for the log writer
-        self._write_wake = trio.Event()
-        self._written = trio.Event()  # set (and replaced) each time _written_no moves
-        self._written_no = 0          # the last batch whose lines are in the logs
-        self._commit_done = False
-        self._writer_done = False     # the log writer ended (all written, or its write failed)
-        self._sync_lock = trio.Lock()
-        self._sync_wake = trio.Event()
-        self._sync_scope = trio.CancelScope()
+        self._stats = [0, 0, 0, 0]  # batches, records, largest, files synced
         self._batch_no = 0            # the last batch number given
         self._committed_no = 0        # the last durable batch
-        self._trimmed_upto = 0        # the journal holds no batch up to this one
-        self._seg_fd: int | None = None
-        self._seg_path = ""
-        self._seg_size = 0
-        self._segments: list[tuple[str, int]] = []  # closed segments not yet removed, with their last batch
-        self._journaled: dict[str, int] = {}      # session -> the last batch holding its records
-        self._dirty_devs: set[int] = set()        # devices with log writes since the last round
-        self._unsynced_fds: set[int] = set()      # log descriptors written since the round (no syncfs that reports errors)
+        # Its collaborators: the logs' descriptors (fd_lock), the journal's
+        # segments (io_lock), the log writer, the journal's rounds.
+        self._io_lock = trio.Lock()
+        self._fd_lock = trio.Lock()
+        self.files = LogFiles(fs, root, descriptor_budget(max_open))
+        self.segments = JournalSegments(fs, root)
+        self.rounds = JournalRounds(self.files, self.segments, self._io_lock, self._fd_lock, journal_sync_interval,
+                                    self.timing, written_no=lambda: self.writer.written_no,
+                                    committed_no=lambda: self._committed_no, broken=lambda: self._broken,
+                                    fail=self._fail)
+        self.writer = LogWriter(self.files, self._fd_lock, self._sessions, self.timing,
+                                on_written=self.rounds.written, fail=self._fail)
 
     # -- sessions ---------------------------------------------------------
 
     def register(self, session_id: str, last_seq: int, end: int,
                  corrupt: CorruptRecord | None = None) -> None:
         """Make a session found on disk appendable (or read-only if corrupt)."""
-        self._sessions[session_id] = _Session(last_seq, end, corrupt)
+        self._sessions[session_id] = LogState(last_seq, end, corrupt)
         if corrupt is not None:
             self.quarantined.add(session_id)
 
@@ -260,9 +167,7 @@ class EventStore:
         """A session's acknowledged lines that are not in its log file (they
         follow `durable_end`): empty unless the log writer failed, and then
         what readers add to what the file holds."""
-        if not self._writer_done or not self._unwritten:
-            return b""
-        return b"".join(line for b in self._unwritten for line in b.lines.get(session_id, ()))
+        return self.writer.unwritten(session_id)
 
     def durable_end(self, session_id: str) -> int:
         """Where `written_seq` ends in the log: a reader of the file finds
@@ -278,7 +183,7 @@ class EventStore:
         self._session(session_id).corrupt = corrupt
         self.quarantined.add(session_id)
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str) -> LogState:
         try:
             return self._sessions[session_id]
         except KeyError:
@@ -286,8 +191,7 @@ class EventStore:
 
     def _fail(self, error: BaseException) -> None:
         """The store is broken from now on; tell the failure listeners once."""
-        self._written.set()  # flush() waiters see the failure (and wait again on a new event)
-        self._written = trio.Event()
+        self.writer.tell_waiters()  # flush() waiters see the failure (and wait again on a new event)
         if self._broken is None:
             self._broken = error
             for listener in self.failure_listeners:
@@ -319,14 +223,14 @@ class EventStore:
         data = b"".join(lines)
         self._creating.add(session_id)
         try:
-            if self.journal and self._journaled.get(session_id, 0) > self._trimmed_upto:
+            if self.journal and self.rounds.holds(session_id):
                 # The journal still holds records of an earlier session of this
                 # id (deleted): a birth marker tells recovery they are not ours.
                 batch = self._batch
                 batch.births.append(session_id)
                 self._wake.set()
                 await self._wait(batch)
-            await trio.to_thread.run_sync(self._create_sync, session_id, path, data)
+            await trio.to_thread.run_sync(create_log, self.fs, path, data)
         except FileExistsError:
             raise SessionExists(f"session {session_id!r} already exists") from None
         except OSError as e:
@@ -335,25 +239,11 @@ class EventStore:
         finally:
             self._creating.discard(session_id)
         self._check_open()
-        self._sessions[session_id] = _Session(len(out), end, None, born_of(lines[0]) if lines else None)
+        self._sessions[session_id] = LogState(len(out), end, None, born_of(lines[0]) if lines else None)
         for a in out:
             for listener in self.listeners:
                 listener(session_id, a.record, a.end)
         return out
-
-    def _create_sync(self, session_id: str, path: str, data: bytes) -> None:
-        fs = self.fs
-        folder = os.path.dirname(path)
-        fs.mkdir(folder)
-        fd = fs.create_exclusive(path)
-        try:
-            if data:
-                fs.write(fd, data)
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
-        fs.fsync_dir(folder)
-        fs.fsync_dir(os.path.dirname(folder))
 
     async def remove(self, session_id: str) -> None:
         """Remove a session's folder (after its tombstone is durable) and forget it."""
@@ -361,7 +251,7 @@ class EventStore:
         sess = self._session(session_id)
         if sess.written_seq < sess.last_seq:
             await self.flush()  # durable, and no line of it waits to be written
-        if self.journal and not sess.deleted and self._journaled.get(session_id, 0) > self._trimmed_upto:
+        if self.journal and not sess.deleted and self.rounds.holds(session_id):
             # Removed without a tombstone (a damaged log) while the journal
             # holds records of it: a marker tells recovery those records have
             # no log to go to (without it a missing log is a disk not mounted).
@@ -372,13 +262,10 @@ class EventStore:
         async with self._fd_lock:  # not while a worker thread uses the descriptors
             self._sessions.pop(session_id, None)
             self.quarantined.discard(session_id)
-            self._devs.pop(session_id, None)
-            fd = self._fds.pop(session_id, None)
-            if fd is not None:
-                self._unsynced_fds.discard(fd)  # (closed below: never synced by a round)
+            fd = self.files.forget(session_id)
         folder = session_dir(self.root, session_id)
         try:
-            await trio.to_thread.run_sync(self._remove_sync, folder, fd)
+            await trio.to_thread.run_sync(remove_session_folder, self.fs, folder, fd)
         except OSError as e:  # the tombstone is durable: the next start finishes the removal
             self._fail(e)
             raise StoreBroken(f"removing session {session_id!r} failed: {e}") from e
@@ -394,16 +281,9 @@ class EventStore:
         data += self.unwritten(session_id)
         return [r for r in scan(session_id, data).records if r.seq > after_seq]
 
-    def _remove_sync(self, folder: str, fd: int | None) -> None:
-        if fd is not None:
-            self.fs.close(fd)
-        if self.fs.exists(folder):
-            self.fs.rmtree(folder)
-        self.fs.fsync_dir(os.path.dirname(folder))
-
     # -- appends ----------------------------------------------------------
 
-    def _enqueue(self, session_id: str, events: Sequence[Event]) -> tuple[_Batch, list[Appended]]:
+    def _enqueue(self, session_id: str, events: Sequence[Event]) -> tuple[Batch, list[Appended]]:
         self._check_open()
         sess = self._session(session_id)
         if sess.deleted:
@@ -429,8 +309,8 @@ class EventStore:
         self._wake.set()
         return batch, out
 
-    def _add_lines(self, session_id: str, sess: _Session, new: list[bytes], start: int,
-                   tombstone: bool) -> _Batch:
+    def _add_lines(self, session_id: str, sess: LogState, new: list[bytes], start: int,
+                   tombstone: bool) -> Batch:
         """Put a session's new lines (its records up to `sess.last_seq`, from
         byte `start`) into the filling batch."""
         batch = self._batch
@@ -439,7 +319,7 @@ class EventStore:
             batch.lines[session_id] = new
             batch.offsets[session_id] = start
             if self.journal:
-                self._journaled[session_id] = self._batch_no + 1  # the filling batch's number
+                self.rounds.journaling(session_id, self._batch_no + 1)  # the filling batch's number
         else:
             lines.extend(new)
         batch.last_seq[session_id] = sess.last_seq
@@ -485,7 +365,7 @@ class EventStore:
         self._wake.set()
         return Appended(rec, end)
 
-    async def _wait(self, batch: _Batch) -> None:
+    async def _wait(self, batch: Batch) -> None:
         batch.waiters += 1
         try:
             await batch.done.wait()
@@ -528,11 +408,11 @@ class EventStore:
                 # log writer goes on unless its own write failed), so that
                 # reads, which go on, see it; then say so.
                 target = min(target, self._committed_no)
-                if self._written_no >= target or self._writer_done:
+                if self.writer.written_no >= target or self.writer.done:
                     self._check_open()
-            elif self._written_no >= target:
+            elif self.writer.written_no >= target:
                 return
-            await self._written.wait()
+            await self.writer.written.wait()
 
     # -- the committer ----------------------------------------------------
 
@@ -543,7 +423,7 @@ class EventStore:
             with trio.CancelScope(shield=True):
                 async with trio.open_nursery() as nursery:
                     if self.journal:
-                        nursery.start_soon(self._write_loop)
+                        nursery.start_soon(self.writer.run)
                     await self._run()
         finally:
             self._stopped.set()
@@ -558,7 +438,7 @@ class EventStore:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     continue
-                self._batch = _Batch()
+                self._batch = Batch()
                 self._committing = batch
                 self._batch_no += 1
                 batch.no = self._batch_no
@@ -567,8 +447,9 @@ class EventStore:
                         async with self._io_lock:
                             await trio.to_thread.run_sync(self._commit_journal_sync, batch)
                     else:
+                        per_file = self.sync_mode == "fdatasync" or (self.sync_mode == "auto" and len(batch.lines) == 1)
                         async with self._fd_lock:
-                            await trio.to_thread.run_sync(self._commit_sync, batch)
+                            await trio.to_thread.run_sync(self.files.write_durably, batch.lines, per_file)
                 except OSError as e:
                     self._fail(e)
                     batch.error = e
@@ -590,10 +471,9 @@ class EventStore:
                     if sess is not None and seq > sess.durable_seq:
                         sess.durable_seq = seq
                 if self.journal:
-                    self._unwritten.append(batch)  # the log writer's turn
-                    self._write_wake.set()
+                    self.writer.queue(batch)  # the log writer's turn
                 else:
-                    self._mark_written([batch])
+                    self.writer.mark_written([batch])
                 self._committing = None
                 if self.batch_listeners:
                     now = time.perf_counter()
@@ -601,113 +481,9 @@ class EventStore:
                         bl(n, batch.opened, now)
                 batch.done.set()
         finally:
-            self._commit_done = True
-            self._write_wake.set()
+            self.writer.committer_ended()
 
-    def _mark_written(self, batches: list[_Batch]) -> None:
-        sessions = self._sessions
-        total = 0
-        for batch in batches:
-            for sid, lines in batch.lines.items():
-                n = sum(map(len, lines))
-                total += n
-                sess = sessions.get(sid)
-                if sess is not None:
-                    sess.written_seq = batch.last_seq[sid]
-                    sess.written_end += n
-        self.bytes_appended += total
-        self._written_no = batches[-1].no
-        self._written.set()
-        self._written = trio.Event()
-
-    async def _write_loop(self) -> None:
-        """Journal mode: write durable batches' lines to their logs, oldest
-        first, several batches at once when they queue up (one write per
-        session for all of them). A failed write is fatal, as a failed sync:
-        the journal keeps the records for the next start."""
-        try:
-            while True:
-                if not self._unwritten:
-                    if self._commit_done:
-                        return
-                    await self._write_wake.wait()
-                    self._write_wake = trio.Event()
-                    continue
-                batches, self._unwritten = self._unwritten, []
-                try:
-                    async with self._fd_lock:
-                        devs = await trio.to_thread.run_sync(self._write_logs_sync, batches)
-                except OSError as e:
-                    # Nothing more is written; the journal holds these, and
-                    # readers see them through unwritten() until a restart.
-                    self._unwritten[:0] = batches
-                    self._fail(e)
-                    return
-                self._after_write(batches, devs)
-        finally:
-            self._writer_done = True
-            self._written.set()
-            self._written = trio.Event()
-
-    def _after_write(self, batches: list[_Batch], devs: set[int]) -> None:
-        self._dirty_devs |= devs
-        self._mark_written(batches)
-        self._sync_wake.set()
-
-    def _write_logs_sync(self, batches: list[_Batch]) -> set[int]:
-        """In a worker thread: each session's lines of these batches, in order,
-        with one write; returns the devices written."""
-        t0 = time.perf_counter()
-        if len(batches) == 1:
-            merged = batches[0].lines
-        else:
-            merged = {}
-            for b in batches:
-                for sid, lines in b.lines.items():
-                    have = merged.get(sid)
-                    if have is None:
-                        merged[sid] = list(lines)
-                    else:
-                        have.extend(lines)
-        fs = self.fs
-        devs = self._devs
-        devices: set[int] = set()
-        # Where syncfs reports no writeback error, the round fdatasyncs each
-        # written log through the descriptor that wrote it (a descriptor opened
-        # later hears nothing of an error before it): one leaving the LRU is
-        # synced first.
-        unsynced = None if SYNCFS_REPORTS_ERRORS else self._unsynced_fds
-        for sid, lines in merged.items():
-            fd = self._log_fd(sid, unsynced)
-            fs.write(fd, lines[0] if len(lines) == 1 else b"".join(lines))
-            if unsynced is not None:
-                unsynced.add(fd)
-            devices.add(devs[sid])
-        self.timing.add("logs", time.perf_counter() - t0)
-        return devices
-
-    def _log_fd(self, sid: str, dirty: set[int] | None = None) -> int:
-        """The append descriptor of a session's log (in a worker thread holding _fd_lock);
-        an evicted descriptor in `dirty` is synced before it is closed."""
-        fds = self._fds
-        fd = fds.get(sid)
-        if fd is not None:
-            fds.move_to_end(sid)
-            return fd
-        fs = self.fs
-        fd = fs.open_append(log_path(self.root, sid))
-        if len(fds) >= self.max_open:  # evict first: never more than max_open, even for a moment
-            _, old_fd = fds.popitem(last=False)
-            if dirty is not None and old_fd in dirty:
-                fs.fdatasync(old_fd)
-                dirty.discard(old_fd)
-            fs.close(old_fd)
-        fds[sid] = fd
-        if sid not in self._devs:
-            self._devs[sid] = self._device_of(sid, fd)
-        return fd
-
-    def _commit_journal_sync(self, batch: _Batch) -> None:
+    def _commit_journal_sync(self, batch: Batch) -> None:
         """In a worker thread: the batch's frame to the journal, one fdatasync.
         The log writer writes the lines to the logs after it."""
         fs = self.fs
@@ -725,128 +501,8 @@ class EventStore:
                             lines[0] if len(lines) == 1 else b"".join(lines), born))
         frame = encode_frame(batch.no, entries)
         t0 = time.perf_counter()
-        if self._seg_fd is None:
-            self._open_segment(batch.no)
-        assert self._seg_fd is not None
-        fs.write(self._seg_fd, frame)
-        fs.fdatasync(self._seg_fd)
-        self._seg_size += len(frame)
+        self.segments.append(batch.no, frame)
         self.timing.add("journal", time.perf_counter() - t0)
-        if self._seg_size >= SEGMENT_BYTES:
-            self._close_segment(batch.no)
-
-    def _open_segment(self, first_batch: int) -> None:
-        folder = journal_dir(self.root)
-        path = os.path.join(folder, segment_name(first_batch))
-        fd = self.fs.create_exclusive(path)
-        try:
-            self.fs.fsync_dir(folder)  # the segment's name is durable before anything in it is acknowledged
-        except BaseException:
-            self.fs.close(fd)
-            raise
-        self._seg_fd, self._seg_path, self._seg_size = fd, path, 0
-
-    def _close_segment(self, last_batch: int) -> None:
-        if self._seg_fd is not None:
-            fd, self._seg_fd = self._seg_fd, None
-            self._segments.append((self._seg_path, last_batch))
-            self.fs.close(fd)
-
-    def _commit_sync(self, batch: _Batch) -> None:
-        """In a worker thread (direct modes): one write per dirty file, then one durability step."""
-        fs = self.fs
-        per_file = self.sync_mode == "fdatasync" or (self.sync_mode == "auto" and len(batch.lines) == 1)
-        dirty: set[int] = set()
-        devices: set[int] = set()
-        for sid, lines in batch.lines.items():
-            fd = self._log_fd(sid, dirty if per_file else None)
-            fs.write(fd, lines[0] if len(lines) == 1 else b"".join(lines))
-            dirty.add(fd)
-            devices.add(self._devs[sid])
-        if per_file:
-            for fd in dirty:
-                fs.fdatasync(fd)
-        else:
-            # One syncfs per filesystem that holds a dirty log: a session folder
-            # may sit on another device than the data root (a symlink, a mount).
-            for dev in devices:
-                fs.syncfs(self._dev_fds[dev])
-
-    def _device_of(self, sid: str, fd: int) -> int:
-        """The device of a log (in a worker thread holding _fd_lock), with a folder
-        descriptor on that device kept for syncfs."""
-        dev = self.fs.device(fd)
-        if dev not in self._dev_fds:
-            self._dev_fds[dev] = self.fs.open_dir(session_dir(self.root, sid))
-        return dev
-
-    # -- the journal's round: sync the logs, remove covered segments -------
-
-    async def _sync_loop(self) -> None:
-        with self._sync_scope:
-            while True:
-                await self._sync_wake.wait()
-                self._sync_wake = trio.Event()
-                await trio.sleep(self.journal_sync_interval)
-                await self._sync_round()
-
-    async def _sync_round(self) -> None:
-        """Make every log write of batches up to the last committed one durable
-        with one syncfs per device, then remove the journal segments holding
-        only those batches (see journal.py). Shielded: a round is never left
-        half done by a cancel (it is bounded by one sync)."""
-        with trio.CancelScope(shield=True):
-            async with self._sync_lock:
-                if self._broken is not None:
-                    return
-                # What is in the logs now is what this round's sync covers.
-                upto = self._written_no
-                if upto <= self._trimmed_upto:
-                    return
-                devs, self._dirty_devs = self._dirty_devs, set()
-                async with self._io_lock:  # between two journal writes
-                    if self._seg_fd is not None:
-                        await trio.to_thread.run_sync(self._close_segment, self._committed_no)
-                # segments whose every batch is in the logs (oldest first)
-                n = 0
-                while n < len(self._segments) and self._segments[n][1] <= upto:
-                    n += 1
-                segments = self._segments[:n]
-                try:
-                    t0 = time.perf_counter()
-                    if SYNCFS_REPORTS_ERRORS:
-                        await trio.to_thread.run_sync(self._sync_logs_sync, devs)
-                    else:  # each written log, through its descriptor (none closes meanwhile)
-                        async with self._fd_lock:
-                            fds, self._unsynced_fds = self._unsynced_fds, set()
-                            await trio.to_thread.run_sync(self._fdatasync_all, fds)
-                    self.timing.add("log sync", time.perf_counter() - t0)
-                    await trio.to_thread.run_sync(self._trim_sync, segments)
-                except OSError as e:
-                    self._fail(e)  # fatal, as any failed sync: the journal keeps the records
-                    return
-                del self._segments[:len(segments)]
-                self._stats[4] += 1
-                if segments:
-                    self._trimmed_upto = segments[-1][1]
-                    self._stats[5] += len(segments)
-                    self._journaled = {s: k for s, k in self._journaled.items() if k > self._trimmed_upto}
-
-    def _sync_logs_sync(self, devs: set[int]) -> None:
-        """One syncfs per device, on descriptors opened before the logs' first
-        write there: every writeback error since is reported (Linux >= 5.8)."""
-        for dev in devs:
-            self.fs.syncfs(self._dev_fds[dev])
-
-    def _fdatasync_all(self, fds: set[int]) -> None:
-        for fd in fds:
-            self.fs.fdatasync(fd)
-
-    def _trim_sync(self, segments: list[tuple[str, int]]) -> None:
-        for path, _ in segments:
-            self.fs.unlink(path)
-        if segments:
-            self.fs.fsync_dir(journal_dir(self.root))
 
     # -- lifecycle --------------------------------------------------------
 
@@ -865,18 +521,22 @@ class EventStore:
         fs.fsync_dir(self.root)
 
     def _close_sync(self) -> None:
-        self._close_segment(self._committed_no)
-        for fd in [*self._fds.values(), *self._dev_fds.values()]:
-            try:
-                self.fs.close(fd)
-            except OSError:
-                pass
-        self._fds.clear()
-        self._dev_fds.clear()
+        self.segments.close(self._committed_no)
+        self.files.close_all()
+
+    @property
+    def bytes_appended(self) -> int:
+        """Bytes of records in the logs (metrics)."""
+        return self.writer.bytes_written
+
+    async def sync_round(self) -> None:
+        """A journal round now (bench/ starts each measured round synced)."""
+        await self.rounds.round()
 
     def statistics(self) -> CommitStatistics:
-        b, r, largest, files, rounds, removed = self._stats
-        return CommitStatistics(b, r, largest, files, self._batch.waiters, self.sync_mode, rounds, removed)
+        b, r, largest, files = self._stats
+        return CommitStatistics(b, r, largest, files, self._batch.waiters, self.sync_mode,
+                                self.rounds.rounds, self.rounds.removed)
 
     @property
     def broken(self) -> BaseException | None:
@@ -912,7 +572,7 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store._run_shielded)
             if store.journal:
-                nursery.start_soon(store._sync_loop)
+                nursery.start_soon(store.rounds.loop)
             try:
                 yield store
             finally:
@@ -921,9 +581,9 @@ async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: Sync
                     store._wake.set()
                     await store._stopped.wait()
                     store._closed = True
-                    store._sync_scope.cancel()
+                    store.rounds.scope.cancel()
                     if store.journal:
-                        await store._sync_round()  # a clean stop leaves the logs synced, no journal
+                        await store.rounds.round()  # a clean stop leaves the logs synced, no journal
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store._close_sync)

@@ -112,3 +112,29 @@ def session_folders(fs: FileOps, root: str) -> tuple[list[str], list[str]]:
 
 
 #END
+
+
+def create_log(fs: FileOps, path: str, data: bytes) -> None:
+    """A new session's folder and log holding `data`, durably: the log, its
+    folder and the folder above it fsynced. FileExistsError if it exists."""
+    folder = os.path.dirname(path)
+    fs.mkdir(folder)
+    fd = fs.create_exclusive(path)
+    try:
+        if data:
+            fs.write(fd, data)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.fsync_dir(folder)
+    fs.fsync_dir(os.path.dirname(folder))
+
+
+def remove_session_folder(fs: FileOps, folder: str, fd: int | None = None) -> None:
+    """A session's folder removed, durably (its log's descriptor `fd`, if
+    still open, closed first)."""
+    if fd is not None:
+        fs.close(fd)
+    if fs.exists(folder):
+        fs.rmtree(folder)
+    fs.fsync_dir(os.path.dirname(folder))

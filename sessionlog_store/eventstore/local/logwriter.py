@@ -1,0 +1,127 @@
+"""The log writer: in the journal mode, durable batches' lines go into their
+logs after the journal's fdatasync acknowledged them; in every mode, what a
+reader of the logs may count on (`written_no`, each session's written seq
+and end).
+
+Theory of operation
+-------------------
+The committer acknowledges a batch when its journal frame is synced and
+queues it here (`queue`). One task (`run`) writes the queued batches' lines
+to the logs, oldest batch first, several batches at once when they queued
+up (one write per session for all of them), in a worker thread holding the
+descriptor lock. A slow log write (a filesystem busy with a round's syncfs)
+so never delays an acknowledgement. Each write moves `written_no` (the last
+batch whose lines are in the logs) and wakes `flush()` waiters; the round is
+told which devices were written.
+
+A failed write is fatal, as a failed sync: the store breaks, and the batches
+not written stay queued. Their lines are in the journal (the next start
+writes them back), and until then `unwritten(sid)` hands readers what only
+the journal holds, so reads after a failure still see every acknowledged
+record. In the direct modes the committer writes the logs itself and calls
+`mark_written` at once.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import trio
+
+from .batch import Batch, LogState, Timing
+from .logfiles import LogFiles
+
+
+class LogWriter:
+    """The log writer's task and the written position (see the module's header)."""
+
+    def __init__(self, files: LogFiles, fd_lock: trio.Lock, sessions: dict[str, LogState], timing: Timing,
+                 on_written: Callable[[set[int]], None], fail: Callable[[BaseException], None]) -> None:
+        self.files, self.fd_lock, self.sessions, self.timing = files, fd_lock, sessions, timing
+        self.on_written, self.fail = on_written, fail
+        self.queued: list[Batch] = []  # durable batches whose lines wait to be written
+        self.wake = trio.Event()
+        self.written = trio.Event()    # set (and replaced) each time written_no moves
+        self.written_no = 0            # the last batch whose lines are in the logs
+        self.bytes_written = 0         # bytes of records in the logs (metrics)
+        self.commit_done = False       # the committer ended: write what is queued, then end
+        self.done = False              # ended (all written, or its write failed)
+
+    def queue(self, batch: Batch) -> None:
+        self.queued.append(batch)
+        self.wake.set()
+
+    def committer_ended(self) -> None:
+        self.commit_done = True
+        self.wake.set()
+
+    def tell_waiters(self) -> None:
+        """Wake whoever waits on `written` (the store broke: they look again)."""
+        self.written.set()
+        self.written = trio.Event()
+
+    def unwritten(self, session_id: str) -> bytes:
+        """A session's acknowledged lines that are not in its log file: empty
+        unless the writer failed."""
+        if not self.done or not self.queued:
+            return b""
+        return b"".join(line for b in self.queued for line in b.lines.get(session_id, ()))
+
+    def mark_written(self, batches: list[Batch]) -> None:
+        sessions = self.sessions
+        total = 0
+        for batch in batches:
+            for sid, lines in batch.lines.items():
+                n = sum(map(len, lines))
+                total += n
+                sess = sessions.get(sid)
+                if sess is not None:
+                    sess.written_seq = batch.last_seq[sid]
+                    sess.written_end += n
+        self.bytes_written += total
+        self.written_no = batches[-1].no
+        self.tell_waiters()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if not self.queued:
+                    if self.commit_done:
+                        return
+                    await self.wake.wait()
+                    self.wake = trio.Event()
+                    continue
+                batches, self.queued = self.queued, []
+                try:
+                    async with self.fd_lock:
+                        devs = await trio.to_thread.run_sync(self._write_sync, batches)
+                except OSError as e:
+                    # Nothing more is written; the journal holds these, and
+                    # readers see them through unwritten() until a restart.
+                    self.queued[:0] = batches
+                    self.fail(e)
+                    return
+                self.mark_written(batches)
+                self.on_written(devs)
+        finally:
+            self.done = True
+            self.tell_waiters()
+
+    def _write_sync(self, batches: list[Batch]) -> set[int]:
+        """In a worker thread: each session's lines of these batches, in order,
+        with one write; returns the devices written."""
+        t0 = time.perf_counter()
+        if len(batches) == 1:
+            merged = batches[0].lines
+        else:
+            merged = {}
+            for b in batches:
+                for sid, lines in b.lines.items():
+                    have = merged.get(sid)
+                    if have is None:
+                        merged[sid] = list(lines)
+                    else:
+                        have.extend(lines)
+        devices = self.files.write(merged)
+        self.timing.add("logs", time.perf_counter() - t0)
+        return devices
