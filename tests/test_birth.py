@@ -9,13 +9,13 @@ import signal
 import trio
 
 from sessionlog_store.eventstore.local.log import log_path
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 
 from .conftest import child
 
 LAUNCH = r"""
 import sys, trio, time
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 async def main():
     async with open_session_store(sys.argv[1]) as store:
         meta, _ = await store.create_session(agent_id="dash", source="web")
@@ -27,7 +27,7 @@ trio.run(main)
 DELETE = r"""
 import sys, threading, trio
 from sessionlog_store.eventstore import FileOps
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 class StuckRemoval(FileOps):
     def rmtree(self, path):
         print("tombstoned", flush=True)

@@ -136,7 +136,7 @@ def test_a_mistyped_root_creates_nothing_and_verify_tells_missing_from_corrupt(s
 def test_a_session_named_projects_is_repaired_as_a_session(tmp_path):
     import trio
 
-    from sessionlog_store.server.domain.store import open_session_store
+    from sessionlog_store.server.stores import open_session_store
     root = str(tmp_path / "store")
 
     async def make() -> None:

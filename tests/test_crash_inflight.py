@@ -10,13 +10,13 @@ import trio
 
 from sessionlog_store.eventstore.events import MessageFinalized
 from sessionlog_store.eventstore.record import scan
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 
 from .conftest import child, read_logs
 
 STREAMER = r"""
 import signal, sys, trio
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 N = int(sys.argv[2])
 async def main():
     async with open_session_store(sys.argv[1]) as store:
@@ -100,7 +100,7 @@ SWEEP_CRASH = r"""
 import re, sys, threading
 import trio
 from sessionlog_store.eventstore import FileOps
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 FINAL = re.compile(rb'"message_finalized"[^\n]*?"msg_id":"([^"]+)"')
 class StuckAtTheSecondAbort(FileOps):
     # The sweep appends one session's abort at a time, each acknowledged

@@ -10,7 +10,7 @@ import trio
 
 from sessionlog_store.eventstore.errors import SessionReadOnly
 from sessionlog_store.eventstore.local.log import log_path
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 
 from .conftest import run_cli
 

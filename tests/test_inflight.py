@@ -12,7 +12,8 @@ from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.lifecycle import MESSAGE_TRANSITIONS, IllegalTransition, can_move
 from sessionlog_store.server.domain.errors import BadRequest, Conflict
-from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.stores import open_session_store
 
 
 def records(root: str, sid: str):  # type: ignore[no-untyped-def]
@@ -282,5 +283,5 @@ async def test_running_sessions_do_not_push_idle_ones_out_of_the_state_cache(roo
                 await started.acquire()
             for sid in idle:
                 await store.load_session(sid)
-            assert set(store._states) == {*running, idle[-1]}
+            assert set(store.states) == {*running, idle[-1]}
             n.cancel_scope.cancel()

@@ -195,7 +195,8 @@ def test_a_log_shorter_than_its_synced_part_is_reported_not_patched(tmp_path):
 
 STREAM_AND_WAIT = r"""
 import sys, trio
-from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.stores import open_session_store
 async def main():
     cfg = StoreConfig(journal_sync_interval=3600)
     async with open_session_store(sys.argv[1], config=cfg) as store:
@@ -212,7 +213,7 @@ trio.run(main)
 
 
 async def test_sigkill_mid_stream_then_a_start_applies_and_removes_the_journal(root):
-    from sessionlog_store.server.domain.store import open_session_store
+    from sessionlog_store.server.stores import open_session_store
     p = child(STREAM_AND_WAIT, root)
     assert p.stdout is not None
     line = await trio.to_thread.run_sync(p.stdout.readline)
@@ -273,7 +274,8 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
     import errno
 
     from sessionlog_store.eventstore.local.fsio import FileOps
-    from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.stores import open_session_store
 
     class FailLog(FileOps):
         target = ""
@@ -297,7 +299,7 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
         with trio.fail_after(10):
             while store.failure() is None:
                 await trio.sleep(0.01)
-        store._states.clear()  # not in memory: read from the log
+        store.states.clear()  # not in memory: read from the log
         state = await store.load_session(meta.id)
         assert state.messages[mid].content == "acknowledged"
     async with open_session_store(root) as store:  # the restart writes it back

@@ -18,7 +18,7 @@ from .conftest import child
 
 APPENDER = r"""
 import random, sys, trio
-from sessionlog_store.server.domain.store import open_session_store
+from sessionlog_store.server.stores import open_session_store
 root = sys.argv[1]
 async def main():
     async with open_session_store(root) as store:

@@ -24,8 +24,12 @@ FORBIDDEN = {
     "eventstore/local": ("sessionlog_store.eventstore.jetstream", "nats"),
     "eventstore/jetstream": ("sessionlog_store.eventstore.local",),
     "projections": ("sessionlog_store.server",),
+    # the domain names no backend's worker: a shared log's is server/scaleout/'s (domain/sharing.py)
     "server/domain": ("sessionlog_store.server.edge", "sessionlog_store.server.agents",
-                      "sessionlog_store.server.run", "sessionlog_store.server.cli"),
+                      "sessionlog_store.server.run", "sessionlog_store.server.cli", "sessionlog_store.server.scaleout",
+                      "sessionlog_store.server.stores", "sessionlog_store.eventstore.jetstream"),
+    "server/scaleout": ("sessionlog_store.server.edge", "sessionlog_store.server.agents",
+                        "sessionlog_store.server.run", "sessionlog_store.server.cli", "sessionlog_store.server.stores"),
     "server/agents": ("sessionlog_store.server.edge", "sessionlog_store.server.run", "sessionlog_store.server.cli"),
     "server/edge": ("sessionlog_store.server.run", "sessionlog_store.server.cli",
                     "sessionlog_store.server.agents.demo", "sessionlog_store.server.agents.openai_compat"),
@@ -138,3 +142,129 @@ def test_the_wheel_holds_one_package_and_runs_from_a_clean_directory(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+# -- no import circles, no reaching into another module's private names -------------
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _package_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Every import between the package's modules, wherever it is (a function,
+    `if TYPE_CHECKING:`): `from a import b` names module a.b when it is one."""
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = m.split(".") if path.name == "__init__.py" else m.split(".")[:-1]
+                    base = base[:len(base) - node.level + 1]
+                    name = ".".join([*base, node.module] if node.module else base)
+                else:
+                    name = node.module or ""
+                targets = [f"{name}.{a.name}" if f"{name}.{a.name}" in mods else name for a in node.names]
+            edges[m] |= {t for t in targets if t in mods and t != m}
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_among_the_packages_modules():
+    """Type-only imports count: a module that names another's type for its
+    annotations depends on it as much as one that calls it."""
+    circles = _circles(_edges(_package_modules()))
+    assert not circles, circles
+
+
+def _private_reaches(mods: dict[str, Path]) -> list[str]:
+    """`obj._name` where `_name` is defined by another module of the package
+    (and not by this one), and imports of another module's `_name`."""
+    trees = {m: ast.parse(p.read_text()) for m, p in mods.items()}
+    defined: dict[str, set[str]] = {m: set() for m in mods}
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined[m].add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                defined[m].add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined[m].add(node.id)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_"):
+                defined[m].add(node.value)  # __slots__ names
+    elsewhere = {name for names in defined.values() for name in names}
+    bad = []
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                if node.attr not in defined[m] and node.attr in elsewhere:
+                    bad.append(f"{m}:{node.lineno} reaches into ._{node.attr.lstrip('_')}")
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("sessionlog_store")):
+                bad += [f"{m}:{node.lineno} imports {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    return bad
+
+
+def test_no_module_uses_another_modules_private_names():
+    bad = _private_reaches(_package_modules())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_circle_and_private_name_checks_would_catch_one(tmp_path):
+    """The checks above can fail: a probe pair importing each other (one for
+    its types only) is a circle; a probe reaching into a store's private
+    attribute is found."""
+    a, b = PKG / "server" / "domain" / "_probe_a.py", PKG / "server" / "domain" / "_probe_b.py"
+    a.write_text("from sessionlog_store.server.domain import _probe_b\n")
+    b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                 "    from sessionlog_store.server.domain._probe_a import x\n"
+                 "def f(store):\n    return store._row_before\n")
+    try:
+        mods = _package_modules()
+        assert ["sessionlog_store.server.domain._probe_a", "sessionlog_store.server.domain._probe_b"] in \
+            _circles(_edges(mods))
+        assert any("_probe_b:5 reaches into ._row_before" in x for x in _private_reaches(mods))
+    finally:
+        a.unlink()
+        b.unlink()

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import StoreConfig
+
+from sessionlog_store.server.stores import open_session_store
 
 from .conftest import read_logs, run_cli
 

@@ -308,14 +308,14 @@ async def test_a_client_is_told_only_what_the_stream_holds(nats_cluster, tmp_pat
     async with worker(nats_cluster, tmp_path, "a", "PAUSE5") as a, worker(nats_cluster, tmp_path, "b", "PAUSE5") as b:
         meta, _ = await a.create_session(first_message="go")
         sid = meta.id
-        crossing, opened = a.es._bridge.run, trio.Event()
+        crossing, opened = a.es.bridge.run, trio.Event()
         held = [False]
 
         async def gated(fn):  # type: ignore[no-untyped-def]
             if held[0]:
                 await opened.wait()
             return await crossing(fn)
-        a.es._bridge.run = gated  # type: ignore[method-assign]
+        a.es.bridge.run = gated  # type: ignore[method-assign]
         got: list[Any] = []
         box: dict[str, Any] = {}
 

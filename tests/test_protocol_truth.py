@@ -142,7 +142,7 @@ async def test_every_subscription_ends_with_a_terminal_update_on_delete(root, nu
 
 
 async def test_every_subscription_ends_when_the_store_stops(root):
-    from sessionlog_store.server.domain.store import open_session_store
+    from sessionlog_store.server.stores import open_session_store
     async with open_session_store(root) as store:
         meta, _ = await store.create_session(first_message="x")
         # A placeholder left running by another process: no producer here.
@@ -275,7 +275,7 @@ async def test_list_running_names_every_running_reply(root, nursery):
 
 def test_maintenance_dry_run_and_retention_flags(root):
     async def make() -> str:
-        from sessionlog_store.server.domain.store import open_session_store
+        from sessionlog_store.server.stores import open_session_store
         async with open_session_store(root) as store:
             meta, _ = await store.create_session()  # an empty shell
             await store.create_session(first_message="kept")
@@ -299,7 +299,7 @@ async def test_every_subscription_ends_when_the_store_fails(root):
     import errno
 
     from sessionlog_store.eventstore import StoreBroken
-    from sessionlog_store.server.domain.store import open_session_store
+    from sessionlog_store.server.stores import open_session_store
 
     from .test_faults import FaultyFS
     fs = FaultyFS("write", errno.EIO, permanent=True)
@@ -335,7 +335,7 @@ async def test_startup_logs_one_summary_line_of_maintenance(root, caplog):
     import logging
 
     from sessionlog_store.projections.maintenance import MaintenanceConfig
-    from sessionlog_store.server.domain.store import open_session_store
+    from sessionlog_store.server.stores import open_session_store
     async with open_session_store(root) as store:
         await store.create_session()
         await store.create_session()

@@ -13,7 +13,8 @@ from sessionlog_store.eventstore.events import MessageCreated
 from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.server.edge.client import ServerError, open_client
-from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.stores import open_session_store
 
 from .conftest import run_cli
 from .test_damage_more import flip, two_sessions
@@ -235,7 +236,7 @@ async def test_two_projects_never_share_a_folder_and_a_relocation_node_reaches_w
         assert e.value.code == "path_in_use"
         ack = await c.request("chat", content="in a", project_id=pa["id"])
         await watcher.request("load_session", session_id=ack["session_id"])
-        server.store._states.clear()  # evicted from the state cache, as with many sessions loaded
+        server.store.states.clear()  # evicted from the state cache, as with many sessions loaded
         a.rename(moved)
         out = await c.request("relocate_project", session_id=ack["session_id"], project_id=pa["id"],
                               path=str(moved))

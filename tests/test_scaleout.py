@@ -169,9 +169,9 @@ async def test_a_chat_whose_reply_cannot_start_writes_nothing(workers, nats_clus
         before = (await a.request("load_session", session_id=sid))["messages"]
         async with open_jetstream_log(nats_cluster.urls, stream=one.stream, prefix=f"sl.{one.stream}") as log:
             async def seal() -> None:
-                info = await log._js.stream_info(f"KV_{one.stream}-leases")
-                await log._js.update_stream(dataclasses.replace(info.config, sealed=True))
-            await log._bridge.run(seal)
+                info = await log.js.stream_info(f"KV_{one.stream}-leases")
+                await log.js.update_stream(dataclasses.replace(info.config, sealed=True))
+            await log.bridge.run(seal)
         for fields in ({"session_id": sid}, {}):
             with pytest.raises(ServerError) as e:
                 await a.request("chat", content="lost?", **fields)

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import trio
 
-from sessionlog_store.server.domain.scaleout import CHECKPOINT_NAME, snapshot_name
+from sessionlog_store.server.scaleout.worker import CHECKPOINT_NAME, snapshot_name
 from sessionlog_store.server.domain.store import SessionStore
 
 from . import test_workers

@@ -1,4 +1,4 @@
-"""Session stores as workers on one JetStream stream (server/domain/scaleout.py),
+"""Session stores as workers on one JetStream stream (server/scaleout/worker.py),
 two or three in one trio process on a real 3-node cluster: a session made
 on one is listed, loaded and pushed on the other; a reply streamed by one
 is followed and stopped from the other; two workers writing one session
@@ -13,7 +13,8 @@ import pytest
 import trio
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress
-from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.stores import open_session_store
 
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
@@ -109,7 +110,7 @@ async def test_two_workers_writing_one_session_end_with_one_history(nats_cluster
         await until(lambda: a.get_meta(sid).message_count == b.get_meta(sid).message_count == 31)
         assert a.worker.es.conflicts + b.worker.es.conflicts > 0, "no race: the test proves nothing"
         for store in (a, b):
-            store._states.pop(sid, None)
+            store.states.drop(sid)
         ha = [m.content for m in (await a.load_session(sid)).messages.values()]
         hb = [m.content for m in (await b.load_session(sid)).messages.values()]
         assert ha == hb and sorted(ha) == sorted(["start"] + [f"{w}{i}" for w in "ab" for i in range(15)])

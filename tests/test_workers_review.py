@@ -92,7 +92,7 @@ async def test_a_stop_racing_the_replys_own_end_stores_one_finalize(nats_cluster
             def on_a_record(s, rec, end):  # type: ignore[no-untyped-def]
                 if isinstance(rec.event, MessageFinalized) and s == sid and "stop" not in box:
                     box["stop"] = True  # the moment a queues its "done", the user stops it on b
-                    a._nursery.start_soon(lambda: b.stop_anywhere(sid, rec.event.msg_id))
+                    a.spawn(b.stop_anywhere, sid, rec.event.msg_id)
             a.es.listeners.append(on_a_record)
             async with a.inflight(sid) as msg:
                 mid = msg.msg_id
@@ -142,7 +142,7 @@ async def test_a_follower_sees_another_workers_reply_while_its_own_worker_writes
                         break
             n.cancel_scope.cancel()
         assert a.worker.es.conflicts + b.worker.es.conflicts > 0, "no race: the test proves nothing"
-        b._states.pop(sid, None)
+        b.states.drop(sid)
         final = (await b.load_session(sid)).messages[got["mid"]]
         assert (status, text) == (final.status, final.content) == ("done", final.content)
 
@@ -240,7 +240,7 @@ async def test_a_session_removed_here_is_not_brought_back_by_the_tail(nats_clust
 
 def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, tmp_path):
     from sessionlog_store.eventstore.local.fsio import OS_FILES
-    from sessionlog_store.server.domain.store import open_session_store
+    from sessionlog_store.server.stores import open_session_store
     from sessionlog_store.server.migrate import StreamTarget, local_to_stream
     root = str(tmp_path / "local")
 
@@ -257,7 +257,7 @@ def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, 
 
     async def broken(self, session_id, data, *, after=0):  # type: ignore[no-untyped-def]
         import nats.errors
-        js, calls = self._js, [0]
+        js, calls = self.js, [0]
         publish = js.publish
 
         async def second_fails(*a, **k):  # type: ignore[no-untyped-def]

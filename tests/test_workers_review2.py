@@ -135,7 +135,7 @@ async def test_no_snapshot_of_the_old_incarnation_is_named_for_the_new(nats_clus
         a.es._tailed = orig  # type: ignore[method-assign]
         for item in held:
             orig(*item)
-        b._states.pop(sid, None)
+        b.states.drop(sid)
         state = await b.worker.read_state(sid)
         data = await b.es.log_bytes(sid)
         records = scan(sid, data).records

@@ -131,3 +131,8 @@ class UnreadableFormat(EventStoreError):
     def __str__(self) -> str:
         return (f"the store at {self.root} has a FORMAT file that names no format ({self.head!r}); "
                 f"it should hold one line such as 'sessionlog-store format 1' (nothing was changed)")
+
+
+class ProjectsMoved(EventStoreError):
+    """A shared project log: another writer appended to it since this one
+    read it (catch up, check again, retry)."""

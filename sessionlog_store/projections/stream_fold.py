@@ -3,7 +3,7 @@ registry, the running replies, and each session's position (its last seq,
 its lines' length, the stream sequence of its last message), as of one
 stream sequence. Written as a checkpoint (`StreamCheckpoint`) to the
 stream's object bucket, it lets a worker's start replay only the messages
-after it (server/domain/scaleout.py, docs/SCALEOUT.md).
+after it (server/scaleout/worker.py, docs/SCALEOUT.md).
 
 A worker's live registry cannot be written as of a stream sequence: its own
 records are folded when appended, before the stream has given them a

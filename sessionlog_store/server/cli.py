@@ -248,7 +248,9 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
         return EXIT_OK
     import trio
 
-    from sessionlog_store.server.domain.store import StoreConfig, open_session_store
+    from sessionlog_store.server.domain.store import StoreConfig
+
+    from sessionlog_store.server.stores import open_session_store
 
     async def run() -> None:
         async with open_session_store(root, config=StoreConfig(maintenance=cfg)) as store:

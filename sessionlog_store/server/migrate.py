@@ -33,7 +33,8 @@ from sessionlog_store.eventstore.jetstream.leases import Leases, lease_key
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.local.log import SESSIONS_DIR, list_session_ids, log_path, project_log_path, read_log, session_dir
 from sessionlog_store.eventstore.record import scan
-from sessionlog_store.eventstore.jetstream.projects import ProjectsMoved, StreamProjectLog
+from sessionlog_store.eventstore.errors import ProjectsMoved
+from sessionlog_store.eventstore.jetstream.projects import StreamProjectLog
 from sessionlog_store.projections.lifecycle import lifecycle_problems
 
 Progress = Callable[[int, int], None]

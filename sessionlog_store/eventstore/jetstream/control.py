@@ -1,7 +1,7 @@
 """Requests between workers on a shared stream, by core NATS request/reply
 on `<prefix>-control.stop` (outside the stream's subjects: nothing is
 stored, nothing is refused): a stop sent to the worker that streams the
-reply (server/domain/scaleout.py). That worker ends its producer, which
+reply (server/scaleout/worker.py). That worker ends its producer, which
 writes the reply's finalize itself: the reply's one writer stays its one
 writer, however often it writes (a finalize written by the asking worker
 can be refused by the fence for as long as the streaming worker writes
@@ -34,7 +34,7 @@ class StopRequests:
     async def serve(self, on_stop: Callable[[str, str], bool]) -> None:
         """Answer the stop requests of replies `on_stop` ends (it runs on
         the trio thread: True if a producer of that reply ran here)."""
-        token, nc = trio.lowlevel.current_trio_token(), self.log._js._nc
+        token, nc = trio.lowlevel.current_trio_token(), self.log.js._nc
 
         async def on_request(msg: Any) -> None:
             try:
@@ -53,19 +53,19 @@ class StopRequests:
             token.run_sync_soon(on_trio)
             if await done:
                 await msg.respond(STOPPED)
-        self._sub = await self.log._bridge.run(lambda: nc.subscribe(self.subject, cb=on_request))
+        self._sub = await self.log.bridge.run(lambda: nc.subscribe(self.subject, cb=on_request))
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
             try:
-                await self.log._bridge.run(sub.unsubscribe)
+                await self.log.bridge.run(sub.unsubscribe)
             except Exception:  # noqa: BLE001 - a connection already lost: nothing to unsubscribe
                 pass
 
     async def request(self, session_id: str, msg_id: str, timeout: float = 2.0) -> bool:
         """Ask the worker that streams the reply to stop it; True once one did."""
-        nc, data = self.log._js._nc, _ENCODER.encode((session_id, msg_id))
+        nc, data = self.log.js._nc, _ENCODER.encode((session_id, msg_id))
 
         async def ask() -> bool:
             import nats.errors
@@ -73,4 +73,4 @@ class StopRequests:
                 return bool((await nc.request(self.subject, data, timeout=timeout)).data == STOPPED)
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError):
                 return False
-        return await self.log._bridge.run(ask)
+        return await self.log.bridge.run(ask)

@@ -25,8 +25,8 @@ async def import_log(log: JetStreamLog, session_id: str, data: bytes, *, after: 
     retry stored once); SessionExists if the stream has the session.
     `after`: the stream holds the first `after` bytes already (an
     interrupted import): the rest follows them."""
-    log._check_open()
-    subject, js, worker, retry_for = log.subject(session_id), log._js, log.worker, log.retry_for
+    log.check_open()
+    subject, js, worker, retry_for = log.subject(session_id), log.js, log.worker, log.retry_for
     records = scan(session_id, data).records
     if not records:
         raise ValueError(f"session {session_id}: no record to import")
@@ -47,13 +47,13 @@ async def import_log(log: JetStreamLog, session_id: str, data: bytes, *, after: 
             [ack] = await publish_answered(js, [(subject, chunk, {
                 "Nats-Msg-Id": f"{session_id}:import:{tag}:{offset}",
                 "Nats-Expected-Last-Subject-Sequence": str(fence), WRITER_HEADER: worker})],
-                retry_for, log._retried)
+                retry_for, log.retried)
             if isinstance(ack, BaseException):
                 raise ack
             fence = ack.seq
         return fence
     try:
-        last = await log._bridge.run(lambda: put(fence))
+        last = await log.bridge.run(lambda: put(fence))
     except Exception as e:
         if getattr(e, "err_code", None) in WRONG_LAST_SEQUENCE:
             raise SessionExists(f"session {session_id!r} is on {subject} already") from None

@@ -1,4 +1,4 @@
-"""In-flight ownership across workers (server/domain/scaleout.py wires it): a
+"""In-flight ownership across workers (server/scaleout/worker.py wires it): a
 worker holds a lease for each reply it streams, in a JetStream KV bucket;
 when a worker dies, another worker's sweeper takes its expired leases and
 finalizes their replies `aborted` "worker restart", exactly once.
@@ -81,10 +81,10 @@ class Leases:
     @classmethod
     async def open(cls, log: JetStreamLog, *, ttl: float = 15.0, replicas: int = 3,
                    skew: float = CLOCK_SKEW) -> Leases:
-        js = log._js
+        js = log.js
 
         name = f"{log.stream}-leases"
-        kv = await log._bridge.run(lambda: until_led(js, f"KV_{name}", lambda: js.create_key_value(
+        kv = await log.bridge.run(lambda: until_led(js, f"KV_{name}", lambda: js.create_key_value(
             bucket=name, history=1, replicas=replicas)))
         return cls(log, kv, ttl, skew)
 
@@ -92,7 +92,7 @@ class Leases:
     async def held(log: JetStreamLog) -> list[str]:
         """The keys of every lease on the stream's bucket, making nothing
         (none if the bucket does not exist)."""
-        js = log._js
+        js = log.js
 
         async def keys() -> list[str]:
             from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
@@ -101,7 +101,7 @@ class Leases:
                 return list(await kv.keys())
             except (BucketNotFoundError, NotFoundError, NoKeysError):
                 return []
-        return await log._bridge.run(keys)
+        return await log.bridge.run(keys)
 
     def _value(self) -> tuple[bytes, float]:
         expires = time.time() + self.ttl
@@ -111,7 +111,7 @@ class Leases:
         """Make the reply's lease; LeaseTaken if it exists. A try that gets no
         answer (a leader election) is made again for `retry_for` seconds; if
         the entry then exists with this worker's name, that try made it."""
-        key, kv, run = lease_key(session_id, msg_id), self.kv, self.log._bridge.run
+        key, kv, run = lease_key(session_id, msg_id), self.kv, self.log.bridge.run
         value, expires = self._value()
         deadline, unanswered_before = time.monotonic() + retry_for, False
         while True:
@@ -194,7 +194,7 @@ class Leases:
                     return False  # the entry answered, and it is another worker's (or a taker's deletion)
             return list(await asyncio.gather(*(one(k, last) for k, last in todo)))
         out: dict[str, bool | None] = {}
-        for (key, _), got in zip(todo, await self.log._bridge.run(renew)):
+        for (key, _), got in zip(todo, await self.log.bridge.run(renew)):
             if got is False:
                 self._revisions.pop(key, None)
                 self._expires.pop(key, None)
@@ -213,7 +213,7 @@ class Leases:
         self._expires.pop(key, None)
         if last is not None:
             try:
-                await self.log._bridge.run(lambda: kv.delete(key, last=last))
+                await self.log.bridge.run(lambda: kv.delete(key, last=last))
             except Exception as e:
                 if not _gone(e):
                     raise  # (taken meanwhile: the taker deletes it)
@@ -223,7 +223,7 @@ class Leases:
         (once, whoever else sweeps). Never one this worker holds: its reply
         is live here (a lapsed one is `forget`-ten first, its producer ended).
         Returns the replies this sweep finalized."""
-        kv, run, skew = self.kv, self.log._bridge.run, self.skew
+        kv, run, skew = self.kv, self.log.bridge.run, self.skew
 
         keys = await self.keys()
 
@@ -291,7 +291,7 @@ class Leases:
                 return list(await kv.keys())
             except NoKeysError:
                 return []
-        return await self.log._bridge.run(keys)
+        return await self.log.bridge.run(keys)
 
 
 def _running_flag_left(records: list[Record], msg_id: str) -> bool:

@@ -47,8 +47,8 @@ class StreamObjects:
     @classmethod
     async def open(cls, log: JetStreamLog, *, replicas: int = 3) -> StreamObjects:
         from nats.js.api import ObjectStoreConfig
-        js, bucket = log._js, f"{log.stream}-cache"
-        store = await log._bridge.run(lambda: until_led(js, f"OBJ_{bucket}", lambda: js.create_object_store(
+        js, bucket = log.js, f"{log.stream}-cache"
+        store = await log.bridge.run(lambda: until_led(js, f"OBJ_{bucket}", lambda: js.create_object_store(
             bucket, config=ObjectStoreConfig(replicas=replicas, description="sessionlog caches (deletable)"))))
         return cls(log, store)
 
@@ -63,7 +63,7 @@ class StreamObjects:
             except ObjectNotFoundError:
                 return None
             return bytes(got.data or b""), _position(got.info.description)
-        return await self.log._bridge.run(get)
+        return await self.log.bridge.run(get)
 
     async def position(self, name: str) -> int:
         """The stream sequence the stored object is as of (0: none)."""
@@ -75,7 +75,7 @@ class StreamObjects:
                 return _position((await store.get_info(name)).description)
             except ObjectNotFoundError:
                 return 0
-        return await self.log._bridge.run(info)
+        return await self.log.bridge.run(info)
 
     async def put(self, name: str, data: bytes, position: int, *, replace: bool = False) -> bool:
         """Store `data` as of stream sequence `position`, unless the stored
@@ -88,7 +88,7 @@ class StreamObjects:
         async def put() -> None:
             from nats.js.api import ObjectMeta
             await store.put(name, data, meta=ObjectMeta(name=name, description=_description(position)))
-        await self.log._bridge.run(put)
+        await self.log.bridge.run(put)
         return True
 
     async def delete(self, name: str) -> None:
@@ -100,7 +100,7 @@ class StreamObjects:
                 await store.delete(name)
             except (ObjectNotFoundError, NotFoundError):
                 pass
-        await self.log._bridge.run(delete)
+        await self.log.bridge.run(delete)
 
 
 class StreamFacts(msgspec.Struct):
@@ -111,11 +111,11 @@ class StreamFacts(msgspec.Struct):
 
 
 async def stream_facts(log: JetStreamLog) -> StreamFacts:
-    js, stream, prefix = log._js, log.stream, log.prefix
+    js, stream, prefix = log.js, log.stream, log.prefix
 
     async def info() -> Any:
         return await js.stream_info(stream, subjects_filter=f"{prefix}.>")
-    got = await log._bridge.run(info)
+    got = await log.bridge.run(info)
     found = got.state.subjects or {}
     live = None if len(found) >= MAX_SUBJECT_DETAILS else {subject[len(prefix) + 1:] for subject in found}
     return StreamFacts(str(got.created or ""), int(got.state.last_seq or 0), live)
@@ -124,14 +124,14 @@ async def stream_facts(log: JetStreamLog) -> StreamFacts:
 async def subject_from(log: JetStreamLog, session_id: str, start: int) -> tuple[bytes, list[tuple[int, int]]]:
     """A session's messages from stream sequence `start` on, joined, and
     each one's (stream sequence, offset just past it there)."""
-    js, stream, subject = log._js, log.stream, log.subject(session_id)
-    data, _, marks = await log._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
+    js, stream, subject = log.js, log.stream, log.subject(session_id)
+    data, _, marks = await log.bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
     return data, marks
 
 
 async def first_stream_seq(log: JetStreamLog, session_id: str) -> int:
     """The stream sequence of the session's first message (0: none)."""
-    js, stream, subject = log._js, log.stream, log.subject(session_id)
+    js, stream, subject = log.js, log.stream, log.subject(session_id)
 
     async def first() -> int:
         from nats.js.errors import NotFoundError
@@ -139,4 +139,4 @@ async def first_stream_seq(log: JetStreamLog, session_id: str) -> int:
             return int((await js.get_msg(stream, seq=1, subject=subject, next=True)).seq)
         except NotFoundError:
             return 0
-    return await log._bridge.run(first)
+    return await log.bridge.run(first)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from ..errors import ProjectsMoved
 from ..events import Event
 from ..record import scan
 from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered, read_subject
@@ -23,10 +24,6 @@ if TYPE_CHECKING:
     from .streamlog import JetStreamLog
 
 PROJECTS: Final = "_projects"  # the subject's last token
-
-
-class ProjectsMoved(Exception):
-    """Another worker appended to the project log since this one read it."""
 
 
 class StreamProjectLog:
@@ -42,8 +39,8 @@ class StreamProjectLog:
     async def catch_up(self) -> list[Record]:
         """The records of the project log this log has not seen yet (its
         first call: all of them), as the stream holds them now."""
-        js, stream, subject, start = self.log._js, self.log.stream, self.subject, self.stream_seq + 1
-        data, last, _ = await self.log._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
+        js, stream, subject, start = self.log.js, self.log.stream, self.subject, self.stream_seq + 1
+        data, last, _ = await self.log.bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
         records = [r for r in scan("projects", data).records if r.seq > self.seq]
         self.stream_seq = max(self.stream_seq, last)
         if records:
@@ -52,7 +49,7 @@ class StreamProjectLog:
 
     async def append(self, event: Event) -> Record:
         """Durable on return; ProjectsMoved if another worker appended first."""
-        self.log._check_open()
+        self.log.check_open()
         rec = Record(self.seq + 1, time.time(), event)
         line = encode_record(rec.seq, rec.ts, event)
         ack = await self._publish(line, f"{PROJECTS}:{self.log.worker}:{rec.seq}:{self.stream_seq}", self.stream_seq)
@@ -62,11 +59,11 @@ class StreamProjectLog:
     async def _publish(self, data: bytes, msg_id: str, fence: int) -> Any:
         """One message, fenced on `fence`, sent again while unanswered (its
         id makes a retry stored once); ProjectsMoved if the fence refused it."""
-        js, log = self.log._js, self.log
+        js, log = self.log.js, self.log
         headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Subject-Sequence": str(fence),
                    WRITER_HEADER: log.worker}
-        [ack] = await log._bridge.run(lambda: publish_answered(js, [(self.subject, data, headers)], log.retry_for,
-                                                               log._retried))
+        [ack] = await log.bridge.run(lambda: publish_answered(js, [(self.subject, data, headers)], log.retry_for,
+                                                               log.retried))
         if isinstance(ack, BaseException):
             if getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
                 raise ProjectsMoved()
@@ -75,8 +72,8 @@ class StreamProjectLog:
 
     async def raw(self) -> bytes:
         """The project log's lines as the stream holds them (as its file would)."""
-        js, stream, subject = self.log._js, self.log.stream, self.subject
-        data, _, _ = await self.log._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS))
+        js, stream, subject = self.log.js, self.log.stream, self.subject
+        data, _, _ = await self.log.bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS))
         return data
 
     async def import_raw(self, data: bytes) -> None:

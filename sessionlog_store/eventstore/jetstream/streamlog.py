@@ -1,6 +1,6 @@
 """An event log on NATS JetStream: the contract of backend.py, kept by a
 replicated stream instead of files, shared by several workers
-(`sessionlog serve --backend nats://…`, server/domain/scaleout.py,
+(`sessionlog serve --backend nats://…`, server/scaleout/worker.py,
 docs/SCALEOUT.md). The NATS plumbing is natsio.py.
 
 Theory of operation
@@ -74,7 +74,7 @@ class JetStreamLog:
     """Use `open_jetstream_log()`."""
 
     def __init__(self, bridge: AsyncioThread, js: Any, stream: str, prefix: str, *, retry_for: float = 60.0) -> None:
-        self._bridge, self._js, self.stream, self.prefix = bridge, js, stream, prefix
+        self.bridge, self.js, self.stream, self.prefix = bridge, js, stream, prefix
         self.retry_for = retry_for
         self.retries = 0  # publishes sent again after no answer (a leader election: a metric)
         self.listeners: list[RecordListener] = []
@@ -122,7 +122,7 @@ class JetStreamLog:
         self.replayed = 0  # messages the opening replay delivered
         self.replay_seconds = 0.0  # how long the opening replay took (set by its opener)
 
-    def _retried(self, n: int) -> None:
+    def retried(self, n: int) -> None:
         self.retries += n
 
     def subject(self, session_id: str) -> str:
@@ -157,7 +157,7 @@ class JetStreamLog:
     def broken(self) -> BaseException | None:
         return self._broken
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._broken is not None:
             raise StoreBroken("the stream refused or failed a write; restart to recover") from self._broken
         if self._closed:
@@ -218,7 +218,7 @@ class JetStreamLog:
     async def create(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
         """A new session's first records, durable on return; an id in use (here,
         or on the stream by another worker) is SessionExists."""
-        self._check_open()
+        self.check_open()
         subject = self.subject(session_id)
         if session_id in self:
             raise SessionExists(f"session {session_id!r} already exists")
@@ -231,14 +231,14 @@ class JetStreamLog:
         return out
 
     async def append_many(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
-        self._check_open()
+        self.check_open()
         sess = self._session(session_id)
         out = self._add(session_id, sess, events)
         await self.wait_durable(session_id, sess.last_seq)
         return out
 
     def append_nowait(self, session_id: str, event: Event) -> Appended:
-        self._check_open()
+        self.check_open()
         return self._add(session_id, self._session(session_id), [event])[0]
 
     async def wait_durable(self, session_id: str, seq: int) -> int:
@@ -256,7 +256,7 @@ class JetStreamLog:
                 raise sess.refused
             if sess.durable_seq >= seq:
                 return seq
-            self._check_open()
+            self.check_open()
             await self._durable.wait()
 
     async def flush(self) -> None:
@@ -273,7 +273,7 @@ class JetStreamLog:
             opened = self._opened
             if not batch or self._broken is not None:
                 continue
-            js, retry_for = self._js, self.retry_for
+            js, retry_for = self.js, self.retry_for
             # Each session's lines in messages of at most max_message bytes: the
             # first message of every session at once, then the second of those
             # that have one (fenced on the first's ack), and so on.
@@ -293,7 +293,7 @@ class JetStreamLog:
                     WRITER_HEADER: self.worker}) for sid in live]
                 published += sum(len(m[1]) for m in messages)
                 try:
-                    acks = await self._bridge.run(lambda: publish_answered(js, messages, retry_for, self._retried))
+                    acks = await self.bridge.run(lambda: publish_answered(js, messages, retry_for, self.retried))
                 except Exception as e:  # the crossing itself failed
                     acks = [e] * len(live)
                 for sid, ack in zip(live, acks):
@@ -499,7 +499,7 @@ class JetStreamLog:
         does: its registry from the stream, or from a checkpoint and then the
         stream)."""
         token = trio.lowlevel.current_trio_token()
-        js, worker, stream = self._js, self.worker, self.stream
+        js, worker, stream = self.js, self.worker, self.stream
         delivered = [0]  # messages the tail got (on the asyncio thread)
         # Delivered messages cross into trio in runs: one crossing for all that
         # came while the last one waited (queued under `lock`, in order).
@@ -531,7 +531,7 @@ class JetStreamLog:
                 config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
             return await js.subscribe(f"{self.prefix}.>", stream=stream, cb=on_message, ordered_consumer=True,
                                       **({"config": config} if config else {"deliver_policy": policy}))
-        self._tail_sub = sub = await self._bridge.run(subscribe)
+        self._tail_sub = sub = await self.bridge.run(subscribe)
         while replay:
             # Caught up: nothing left on the server for the consumer, and every
             # message it sent taken by on_message (the server's count of what
@@ -541,7 +541,7 @@ class JetStreamLog:
             async def progress() -> tuple[int, int, int]:
                 info = await sub.consumer_info()
                 return int(info.num_pending or 0), int(info.delivered.consumer_seq or 0), delivered[0]
-            pending, sent, got = await self._bridge.run(progress)
+            pending, sent, got = await self.bridge.run(progress)
             if pending == 0 and got >= sent:
                 self.replayed = got
                 return
@@ -591,8 +591,8 @@ class JetStreamLog:
         """The session's lines as the stream holds them, the stream sequence
         of its last message (0: none), and each message's (stream sequence,
         offset just past it in the lines)."""
-        subject, js, stream = self.subject(session_id), self._js, self.stream
-        return await self._bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS))
+        subject, js, stream = self.subject(session_id), self.js, self.stream
+        return await self.bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS))
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         """The session's acknowledged records with seq > after_seq."""
@@ -615,12 +615,12 @@ class JetStreamLog:
 
     async def remove(self, session_id: str) -> None:
         """Purge the session's subject (its tombstone is durable already) and forget it."""
-        self._check_open()
+        self.check_open()
         sess = self._session(session_id)
         await self.wait_durable(session_id, sess.last_seq)
-        subject, js, stream = self.subject(session_id), self._js, self.stream
+        subject, js, stream = self.subject(session_id), self.js, self.stream
         try:
-            await self._bridge.run(lambda: js.purge_stream(stream, subject=subject))
+            await self.bridge.run(lambda: js.purge_stream(stream, subject=subject))
         except Exception as e:
             self._fail(e)
             raise StoreBroken(f"purging {subject} failed: {e}") from e

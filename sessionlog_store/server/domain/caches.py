@@ -2,7 +2,8 @@
 session's `snapshot.json`, written after a debounce, at a stop, and never ahead
 of what is durable. Deleting them loses nothing (startup replays the logs).
 
-Owned by a SessionStore; reads its registry, loaded states and event store.
+Owned by a SessionStore, which hands it what it reads: the event store, the
+registry, the loaded states, the data root and the intervals.
 """
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ from sessionlog_store.projections.checkpoint import (IndexCheckpoint, SessionEnt
                                                      write_index, write_snapshot)
 
 if TYPE_CHECKING:
-    from sessionlog_store.server.domain.store import SessionStore
+    from sessionlog_store.eventstore.local.commit import EventStore
+    from sessionlog_store.eventstore.local.fsio import FileOps
+    from sessionlog_store.projections.registry import Registry
+    from sessionlog_store.server.domain.config import StoreConfig
+    from sessionlog_store.server.domain.states import LoadedStates
 
 log = logging.getLogger("sessionlog.store")
 
@@ -30,8 +35,9 @@ STOP_SNAPSHOTS: Final = 64
 class Caches:
     """Debounced writers of index.json and snapshot.json for one store."""
 
-    def __init__(self, store: SessionStore) -> None:
-        self.store = store
+    def __init__(self, es: EventStore, registry: Registry, states: LoadedStates, fs: FileOps, root: str,
+                 config: StoreConfig) -> None:
+        self.es, self.registry, self.states, self.fs, self.root, self.config = es, registry, states, fs, root, config
         self.index_dirty = trio.Event()
         self.snapshot_dirty: set[str] = set()
         self._snapshot_wake = trio.Event()
@@ -50,43 +56,43 @@ class Caches:
 
     async def write_index(self) -> int:
         """Write index.json with every row whose state is durable. Returns rows written."""
-        store, es = self.store, self.store.es
+        es, registry = self.es, self.registry
         async with self._index_lock:
             await es.flush()
             entries = {}
-            for sid, meta in store.registry.rows.items():
-                mark = store.registry.marks.get(sid)
+            for sid, meta in registry.rows.items():
+                mark = registry.marks.get(sid)
                 if mark is None or sid not in es or es.corruption(sid) is not None:
                     continue  # a quarantined session is never checkpointed: startup replays it
                 if mark.meta_seq <= es.written_seq(sid):
                     entries[sid] = SessionEntry(seq=es.written_seq(sid), end=es.durable_end(sid), meta=meta)
             data = encode_index(IndexCheckpoint(written_at=time.time(), sessions=entries))
-            await trio.to_thread.run_sync(write_index, store.fs, store.root, data)
+            await trio.to_thread.run_sync(write_index, self.fs, self.root, data)
             return len(entries)
 
     async def write_snapshot(self, session_id: str) -> bool:
         """Write a loaded session's snapshot.json as of a durable seq."""
-        store, es = self.store, self.store.es
-        state = store.loaded(session_id)
+        es, states = self.es, self.states
+        state = states.get(session_id)
         if state is None or session_id not in es:
             return False
         if state.seq > es.durable_seq(session_id):
             await es.wait_durable(session_id, state.seq)
-        state = store.loaded(session_id)
+        state = states.get(session_id)
         if state is None or session_id not in es or state.seq > es.durable_seq(session_id):
             return False
         data = encode_snapshot(state)
         async with self.snapshot_lock:
-            if session_id not in es or store.loaded(session_id) is not state:
+            if session_id not in es or states.get(session_id) is not state:
                 return False  # deleted (or reloaded) while waiting
-            await trio.to_thread.run_sync(write_snapshot, store.fs, store.root, session_id, data)
+            await trio.to_thread.run_sync(write_snapshot, self.fs, self.root, session_id, data)
         return True
 
     async def write(self, write: Callable[..., Any], *args: Any) -> None:
         """Checkpoints are caches: a failed write leaves the old file (the temp
         file is never renamed over it), is logged, and a later debounce writes a
         new file. A broken log store ends the attempts."""
-        if self.store.es.broken is not None:
+        if self.es.broken is not None:
             return
         try:
             await write(*args)
@@ -96,14 +102,14 @@ class Caches:
     async def index_loop(self) -> None:
         while True:
             await self.index_dirty.wait()
-            await trio.sleep(self.store.config.checkpoint_interval)
+            await trio.sleep(self.config.checkpoint_interval)
             self.index_dirty = trio.Event()
             await self.write(self.write_index)
 
     async def snapshot_loop(self) -> None:
         while True:
             await self._snapshot_wake.wait()
-            await trio.sleep(self.store.config.snapshot_interval)
+            await trio.sleep(self.config.snapshot_interval)
             self._snapshot_wake = trio.Event()
             dirty, self.snapshot_dirty = self.snapshot_dirty, set()
             for sid in dirty:

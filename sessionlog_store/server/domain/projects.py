@@ -26,7 +26,8 @@ from sessionlog_store.eventstore.local.log import append_durable, project_log_pa
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.eventstore.record import Record, encode_record
 
-from sessionlog_store.eventstore.jetstream.projects import ProjectsMoved, StreamProjectLog
+from sessionlog_store.eventstore.backend import SharedProjectLog
+from sessionlog_store.eventstore.errors import ProjectsMoved
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, ServiceError, unknown_project
 
 DEFAULT_PROJECT_ID: Final = "default"
@@ -73,7 +74,7 @@ class ProjectRegistry:
         self._projects: dict[str, Project] = {}
         self._seq = 0
         self._lock = trio.Lock()
-        self.shared: StreamProjectLog | None = None  # a worker's: the stream's project log
+        self.shared: SharedProjectLog | None = None  # a worker's: the stream's project log
         self._broken: OSError | None = None
         self.torn: TornTail | None = None
         # Damage before the log's end: the projects up to it are served, the
@@ -145,7 +146,7 @@ class ProjectRegistry:
         p = self.get(project_id or DEFAULT_PROJECT_ID)
         return p.path if os.path.isdir(p.path) else None
 
-    async def load_shared(self, shared: StreamProjectLog) -> None:
+    async def load_shared(self, shared: SharedProjectLog) -> None:
         """A worker on a shared stream: the projects are the stream's
         (eventstore/jetstream/projects.py), every worker's, kept up to date by its tail."""
         self.shared = shared
@@ -183,7 +184,7 @@ class ProjectRegistry:
             self._seq += 1
             self._apply(ev)
 
-    async def _append_shared(self, shared: StreamProjectLog, ev: ProjectEvent,
+    async def _append_shared(self, shared: SharedProjectLog, ev: ProjectEvent,
                              check: Callable[[], None] | None) -> None:
         for _ in range(SHARED_TRIES):
             if check is not None:

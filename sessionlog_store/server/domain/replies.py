@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sessionlog_store.eventstore import Appended, EventStore, FileOps
     from sessionlog_store.projections.registry import Registry
     from sessionlog_store.server.domain.inflight import ThrottledSaver
-    from sessionlog_store.server.domain.scaleout import Worker
+    from sessionlog_store.server.domain.sharing import SharedLog
     from sessionlog_store.server.domain.subscriptions import SubscriptionHub
 
 log = logging.getLogger("sessionlog.store")
@@ -47,14 +47,14 @@ class Replies:
     saver: ThrottledSaver
     hub: SubscriptionHub
     shutting_down: bool
-    worker: Worker | None
+    worker: SharedLog | None
 
     if TYPE_CHECKING:
         async def _log_bytes(self, session_id: str) -> bytes: ...
         async def load_session(self, session_id: str) -> SessionState: ...
         async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
         async def _flush_for_read(self) -> None: ...
-        def _notify(self, kind: str, data: dict[str, Any]) -> None: ...
+        def notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None: ...
         def _after_reply(self, session_id: str) -> None: ...
         def failure(self) -> BaseException | None: ...
 
@@ -70,7 +70,7 @@ class Replies:
                for m in self.saver.active.values() if not m.finished
                and (owner is None or (m.session_id in rows and rows[m.session_id].owner == owner))]
         if self.worker is not None:  # and the replies other workers stream
-            out += [dict(r) for key, r in self.worker.running.replies.items() if key not in self.saver.active
+            out += [dict(r) for key, r in self.worker.others_running() if key not in self.saver.active
                     and (owner is None or (key[0] in rows and rows[key[0]].owner == owner))]
         return sorted(out, key=lambda r: r["started_at"])
 
@@ -148,7 +148,7 @@ class Replies:
                     await self.worker.reply_ended(session_id, msg_id)
             raise
         if moves_head:
-            self._notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
+            self.notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
         # Live (stoppable, watched) only once its placeholder is durable.
         msg.last_activity = trio.current_time()
         self.saver.start(msg)
@@ -283,7 +283,7 @@ class Replies:
         head = state.leaf_of(msg_id)
         if head != state.head:
             appended = await self.append_events(session_id, HeadMoved(head=head))
-            self._notify("head_moved", {"session_id": session_id, "head": head, "seq": appended[0].record.seq})
+            self.notify("head_moved", {"session_id": session_id, "head": head, "seq": appended[0].record.seq})
         return head
 
     @asynccontextmanager

@@ -7,32 +7,59 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from sessionlog_store.eventstore.events import Event, MessageFinalized, SessionFlags
-from sessionlog_store.eventstore.jetstream.projects import StreamProjectLog
 from sessionlog_store.projections.maintenance import MaintenancePlan, plan_maintenance
 from sessionlog_store.projections.recovery import check_prefix, recover_registry
 
 if TYPE_CHECKING:
-    from sessionlog_store.server.domain.scaleout import Worker
-    from sessionlog_store.server.domain.store import SessionStore
+    from sessionlog_store.eventstore.errors import CorruptRecord
+    from sessionlog_store.eventstore.local.commit import EventStore
+    from sessionlog_store.eventstore.local.fsio import FileOps
+    from sessionlog_store.eventstore.backend import Appended
+    from sessionlog_store.projections.recovery import SessionRecovery, RecoveryReport
+    from sessionlog_store.projections.registry import Registry
+    from sessionlog_store.server.domain.caches import Caches
+    from sessionlog_store.server.domain.config import StoreConfig
+    from sessionlog_store.server.domain.projects import ProjectRegistry
 
 log = logging.getLogger("sessionlog.store")
 
 
-async def start(store: SessionStore) -> None:
-    """Recover the store's registry, abort what was left running, run
-    maintenance, write index.json and log one summary line."""
-    es = store.es
-    registry, found, report = await trio.to_thread.run_sync(recover_registry, store.fs, store.root)
+class Starting(Protocol):
+    """What a start does its work through: the store being opened."""
+    es: EventStore
+    registry: Registry
+    config: StoreConfig
+    projects: ProjectRegistry
+    caches: Caches
+    prefix_check: PrefixCheck
+    recovery: RecoveryReport | None
+    aborted_at_start: list[tuple[str, str]]
+    removed_at_start: list[tuple[str, str]]
+
+    async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
+    async def delete_session(self, session_id: str) -> bool: ...
+
+
+async def recover(fs: FileOps, root: str) -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
+    """The registry from index.json and the logs' tails (the first step of a
+    start, before the store is made around it)."""
+    return await trio.to_thread.run_sync(recover_registry, fs, root)
+
+
+async def start(store: Starting, found: dict[str, SessionRecovery], report: RecoveryReport) -> None:
+    """With the registry recovered: register the logs, abort what was left
+    running, run maintenance, write index.json and log one summary line."""
+    es, registry = store.es, store.registry
     report.journal = es.journal_recovery  # applied when the event store opened
     store.recovery = report
     for sid, rec in found.items():
         es.register(sid, rec.seq, rec.end, rec.corrupt)
-    store.registry = registry
     if store.config.check_after_start:
         store.prefix_check.unchecked = dict.fromkeys(report.tail_replayed)
     await trio.to_thread.run_sync(store.projects.load_sync)
@@ -90,20 +117,6 @@ async def start(store: SessionStore) -> None:
              len(store.aborted_at_start), r.seconds)
 
 
-async def start_worker(store: SessionStore, worker: Worker) -> None:
-    """A worker on a shared stream: the registry came from the stream's
-    replay; the projects are the stream's (every worker's); the sweeper,
-    not the start, aborts the replies of dead workers (scaleout.py)."""
-    t0 = time.monotonic()
-    await store.projects.load_shared(StreamProjectLog(worker.es))
-    es, ckpt = worker.es, worker.checkpoints.start
-    frm = (f"the checkpoint as of stream sequence {ckpt.position} ({ckpt.sessions} sessions, {ckpt.pruned} deleted "
-           f"since) and {es.replayed} messages after it" if ckpt is not None else f"{es.replayed} messages")
-    log.info("started worker %s on stream %s (%s): %d sessions from %s, in %.2f s; %d projects",
-             es.worker, es.stream, ", ".join(store.config.backend), len(store.registry), frm,
-             es.replay_seconds + time.monotonic() - t0, len(store.projects.list()) - 1)
-
-
 class PrefixCheck:
     """The background check: read the part of each log that startup skipped
     (before its checkpoint offset) and quarantine a session damaged there, as
@@ -111,8 +124,9 @@ class PrefixCheck:
     it is checked first (`ensure`), so no write is acknowledged into a log
     with damage."""
 
-    def __init__(self, store: SessionStore) -> None:
-        self.store = store
+    def __init__(self, es: EventStore, fs: FileOps, root: str,
+                 quarantine: Callable[[str, CorruptRecord], None]) -> None:
+        self.es, self.fs, self.root, self.quarantine = es, fs, root, quarantine
         self.unchecked: dict[str, None] = {}   # sessions whose skipped log prefix is not checked yet
         self._checking: dict[str, trio.Event] = {}
         self.done = trio.Event()    # every skipped prefix is checked
@@ -123,10 +137,10 @@ class PrefixCheck:
 
     async def writable(self, sid: str) -> bool:
         """Checked, and not found damaged."""
-        if sid not in self.store.es:
+        if sid not in self.es:
             return False
         await self.ensure(sid)
-        return self.store.es.corruption(sid) is None
+        return self.es.corruption(sid) is None
 
     async def check_all(self) -> int:
         """Returns how many sessions were quarantined."""
@@ -151,17 +165,17 @@ class PrefixCheck:
             done.set()
 
     async def _check_one(self, sid: str) -> int:
-        store, es = self.store, self.store.es
+        es = self.es
         if sid not in es or es.corruption(sid) is not None:
             return 0
         end = es.durable_end(sid)
         try:
-            corrupt = await trio.to_thread.run_sync(check_prefix, store.fs, store.root, sid, end)
+            corrupt = await trio.to_thread.run_sync(check_prefix, self.fs, self.root, sid, end)
         except FileNotFoundError:
             return 0  # deleted meanwhile
         if corrupt is None or sid not in es:
             return 0
-        store.quarantine(sid, corrupt)
+        self.quarantine(sid, corrupt)
         log.error("%s: found by the check after startup; session quarantined (read-only) "
                   "until `sessionlog repair`", corrupt)
         return 1

@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -42,8 +41,9 @@ from sessionlog_store.server.domain.fields import FLAG_FIELDS, TITLE_FIELDS, Upd
 from sessionlog_store.server.domain.inflight import SLOTS, ThrottledSaver
 from sessionlog_store.server.domain.projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from sessionlog_store.server.domain.replies import Replies
-from sessionlog_store.server.domain.scaleout import Worker, open_worker_log
-from sessionlog_store.server.domain.startup import PrefixCheck, start, start_worker
+from sessionlog_store.server.domain.states import LoadedStates
+from sessionlog_store.server.domain.startup import PrefixCheck, recover, start
+from sessionlog_store.server.domain.sharing import SharedLog
 from sessionlog_store.server.domain.subscriptions import MsgUpdate, SubscriptionHub
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
 
@@ -61,14 +61,14 @@ class SessionStore(Replies):
     """Use `open_session_store()`."""
 
     def __init__(self, root: str, es: EventStore, fs: FileOps, config: StoreConfig,
-                 titler: TitleGenerator) -> None:
+                 titler: TitleGenerator, *, registry: Registry | None = None) -> None:
         self.root = root
         self.es = es
-        self.worker: Worker | None = None  # on a shared stream (scaleout.py)
+        self.worker: SharedLog | None = None  # on a shared stream (server/scaleout/)
         self.fs = fs
         self.config = config
         self.titler = titler
-        self.registry = Registry()
+        self.registry = registry if registry is not None else Registry()
         self.projects = ProjectRegistry(fs, root, config.home, config.project_roots, config.many_users)
         self.hub = SubscriptionHub()
         slots = config.progress_slots or (SLOTS if es.journal else 1)
@@ -82,32 +82,30 @@ class SessionStore(Replies):
         self.recovery: RecoveryReport | None = None
         self.removed_at_start: list[tuple[str, str]] = []
         self.aborted_at_start: list[tuple[str, str]] = []
-        self._states: OrderedDict[str, SessionState] = OrderedDict()
-        self._loading: dict[str, list[tuple[Record, int]]] = {}
-        self._load_done: dict[str, trio.Event] = {}
-        self.caches = Caches(self)
+        self.states = LoadedStates()
+        self.caches = Caches(es, self.registry, self.states, fs, root, config)
         self._nursery: trio.Nursery | None = None
-        self.prefix_check = PrefixCheck(self)
+        self.prefix_check = PrefixCheck(es, fs, root, self.quarantine)
         self.checked = self.prefix_check.done  # the background check of the skipped log prefixes is done
         self.shutting_down = False
         self.publishing = 0  # terminal updates waiting for their record to be durable
         es.listeners.append(self._on_record)
-        es.append_listeners.append(self._after_append)
+        es.append_listeners.append(self.after_append)
 
     # -- the live projection ------------------------------------------------
 
     def _on_record(self, sid: str, rec: Record, end: int) -> None:
         old_row = self.registry.rows.get(sid) if type(rec.event) is not MessageProgress else None
         self.registry.apply(sid, rec, end)
-        state = self._states.get(sid)
+        state = self.states.get(sid)
         if state is not None:
             state.apply(rec, end)
-        buf = self._loading.get(sid)
+        buf = self.states.buffer(sid)
         if buf is not None:
             buf.append((rec, end))
-        self._tell(sid, rec, state, old_row)
+        self.tell_record(sid, rec, state, old_row)
 
-    def _tell(self, sid: str, rec: Record, state: SessionState | None, old_row: SessionMeta | None = None) -> None:
+    def tell_record(self, sid: str, rec: Record, state: SessionState | None, old_row: SessionMeta | None = None) -> None:
         """What a record folded into the projections means for subscribers
         and watchers (scaleout.py calls it for other workers' records a
         rebase folded)."""
@@ -132,7 +130,7 @@ class SessionStore(Replies):
             if not isinstance(ev, MessageFinalized) and state is not None and (self.watchers or self.scoped_watchers):
                 node = state.messages.get(ev.msg_id if isinstance(ev, MessageCreated) else ev.node_id)
                 if node is not None:
-                    self._notify("message_created", {"session_id": sid, "message": node,
+                    self.notify("message_created", {"session_id": sid, "message": node,
                                                      "siblings": state.siblings(node.msg_id)})
         if isinstance(ev, MessageFinalized) and self.hub.wants(sid, ev.msg_id):
             m = state.messages.get(ev.msg_id) if state is not None else None
@@ -165,7 +163,7 @@ class SessionStore(Replies):
         self.saver.store_failed(error)
         self.hub.end(None, "store failure")
 
-    def _after_append(self, sid: str) -> None:
+    def after_append(self, sid: str) -> None:
         """Every change of a row goes out as one `session_updated` per append,
         with only the changed fields: renames and flags, and what the fold
         changes by itself (a reply starting or ending: status; a message:
@@ -176,18 +174,34 @@ class SessionStore(Replies):
         new = self.registry.rows.get(sid)
         if new is None or new is old or sid in self._creating:
             return
-        changed = self._row_changes(old, new)
+        changed = self.row_changes(old, new)
         if changed:
-            self._notify("session_updated", {"id": sid, **changed})
+            self.notify("session_updated", {"id": sid, **changed})
 
-    def _row_changes(self, old: SessionMeta, new: SessionMeta) -> dict[str, Any]:
+    def row_changes(self, old: SessionMeta, new: SessionMeta) -> dict[str, Any]:
         changed = {wire: getattr(new, attr) for attr, wire in ROW_ATTRS
                    if getattr(new, attr) != getattr(old, attr)}
         if "project_id" in changed:
             changed["project"] = row_of(new, self._project_view(new.project_id))["project"]
         return changed
 
-    def _notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None:
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool:
+        """Start `fn(*args)` as the store's background work (it ends with the
+        store); False when the store is not running."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(fn, *args)
+        return True
+
+    def take_row_before(self, sid: str) -> SessionMeta | None:
+        """The session's row as it was before the records folded since the
+        last push (None: no row change waits to be told)."""
+        return self._row_before.pop(sid, None)
+
+    def keep_row_before(self, sid: str, row: SessionMeta) -> None:
+        self._row_before[sid] = row
+
+    def notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None:
         """Tell the watchers (and the feed) of a change to a session of `owner`
         (by default, the owner of the session the data names)."""
         if owner is None:
@@ -234,32 +248,28 @@ class SessionStore(Replies):
         """The session's full state (meta + message DAG), from memory, or from its
         snapshot plus the log's tail."""
         self.get_meta(session_id)
-        state = self._states.get(session_id)
+        state = self.states.touch(session_id)
         if state is not None:
-            self._states.move_to_end(session_id)
             return state
-        pending = self._load_done.get(session_id)
+        pending = self.states.pending(session_id)
         if pending is not None:
             await pending.wait()
             return await self.load_session(session_id)
-        done = self._load_done[session_id] = trio.Event()
-        buf = self._loading[session_id] = []
+        buf = self.states.begin(session_id)
         try:
             state = await self._read_state(session_id)
             for rec, end in buf:
                 if rec.seq > state.seq:
                     state.apply(rec, end)
         finally:
-            del self._loading[session_id]
-            del self._load_done[session_id]
-            done.set()
+            self.states.end(session_id)
         if session_id not in self.registry:
             raise NotFound("unknown_session", f"session {session_id!r} was deleted")
         if self.worker is not None and self.worker.reload_needed(session_id):
             return await self.load_session(session_id)  # another worker's write rebased it meanwhile
         if state.meta is None:  # quarantined without a readable meta: what the registry knows
             state.meta = self.registry.get(session_id)
-        self._states[session_id] = state
+        self.states.put(session_id, state)
         self._evict_states()
         return state
 
@@ -275,7 +285,7 @@ class SessionStore(Replies):
     async def _log_bytes(self, session_id: str) -> bytes:
         """The session's log as it stands, acknowledged records included."""
         if self.worker is not None:
-            return await self.worker.es.log_bytes(session_id)
+            return await self.worker.log_bytes(session_id)
         await self._flush_for_read()
         data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
         extra = self.es.unwritten(session_id)
@@ -303,23 +313,10 @@ class SessionStore(Replies):
             pass
 
     def _evict_states(self) -> None:
-        """Drop least recently used loaded sessions past the cache size; sessions
-        with running messages stay (they are moved to the back, so the front
-        of the LRU keeps the candidates and a pass stays short). Sessions with
-        a producer here do not count against the cache, so 5,000 streams
-        starting do not each scan 5,000 cached states (that was quadratic)."""
-        excess = len(self._states) - self.config.state_cache - len(self.saver.sessions)
-        looked = 0
-        while excess > 0 and looked < len(self._states):
-            sid, st = next(iter(self._states.items()))
-            looked += 1
-            if st.meta is not None and st.meta.open_msgs:
-                self._states.move_to_end(sid)
-                if looked > excess + 64:
-                    return  # mostly running sessions: try again on a later load
-                continue
-            del self._states[sid]
-            excess -= 1
+        """Sessions with a producer here do not count against the state
+        cache, so 5,000 streams starting do not each scan 5,000 cached states
+        (that was quadratic)."""
+        self.states.evict(self.config.state_cache + len(self.saver.sessions))
 
     async def get_messages(self, session_id: str) -> list[MessageSnapshot]:
         """The messages of the current branch, root first (works while archived)."""
@@ -349,22 +346,22 @@ class SessionStore(Replies):
             msg_id = new_session_id()
             events.append(MessageCreated(msg_id=msg_id, role="user", kind="chat", content=first_message,
                                          started_at=now))
-        self._states[sid] = SessionState()
+        self.states.put(sid, SessionState())
         self._creating.add(sid)
         try:
             await self.es.create(sid, events)
         except SessionExists:
-            self._states.pop(sid, None)
+            self.states.drop(sid)
             raise Conflict("session_exists", f"session {sid!r} already exists") from None
         except BaseException:
-            self._states.pop(sid, None)
+            self.states.drop(sid)
             raise
         finally:
             self._creating.discard(sid)
             self._row_before.pop(sid, None)
         self._evict_states()
         meta = self.get_meta(sid)
-        self._notify("session_created", {"session": self.get_row(sid)})
+        self.notify("session_created", {"session": self.get_row(sid)})
         return meta, msg_id
 
     async def append_message(self, session_id: str, content: str, *, role: str = "user",
@@ -426,7 +423,7 @@ class SessionStore(Replies):
         if flag_kw:
             events.append(SessionFlags(**flag_kw))
         if events:
-            await self.append_events(session_id, *events)  # the row's change is pushed by _after_append
+            await self.append_events(session_id, *events)  # the row's change is pushed by after_append
         return changed
 
     async def rename_session(self, session_id: str, title: str) -> dict[str, Any]:
@@ -472,11 +469,11 @@ class SessionStore(Replies):
             # On a shared stream another worker's deletion came first (this
             # tombstone's conflict found the session gone): deleted all the same.
             self.hub.end(session_id, "session deleted")
-            self._states.pop(session_id, None)
-            self._notify("session_deleted", {"session_id": session_id}, owner)
+            self.states.drop(session_id)
+            self.notify("session_deleted", {"session_id": session_id}, owner)
             return True
         self.hub.end(session_id, "session deleted", seq=seq)
-        self._states.pop(session_id, None)
+        self.states.drop(session_id)
         self.caches.snapshot_dirty.discard(session_id)
         # A snapshot being written into the folder finishes first; none starts
         # after (write_snapshot checks, under the same lock, that the session
@@ -489,9 +486,9 @@ class SessionStore(Replies):
             # if removing its folder failed (the next start finishes that).
             if damaged:
                 self.registry.put(None, session_id)
-            self._notify("session_deleted", {"session_id": session_id}, owner)
-            if self.worker is not None and self._nursery is not None:
-                self._nursery.start_soon(self.worker.forget_snapshot, session_id)
+            self.notify("session_deleted", {"session_id": session_id}, owner)
+            if self.worker is not None:
+                self.spawn(self.worker.forget_snapshot, session_id)
         return True
 
     # -- listing ------------------------------------------------------------
@@ -567,7 +564,7 @@ class SessionStore(Replies):
         project = row_of(self.get_meta(session_id), self._project_view(project_id))["project"]
         for sid, m in list(self.registry.rows.items()):
             if (m.project_id or DEFAULT_PROJECT_ID) == project_id:
-                self._notify("session_updated", {"id": sid, "project": dict(project)})
+                self.notify("session_updated", {"id": sid, "project": dict(project)})
         return {"ok": True, "old_path": old, "path": new, "node_id": node_id}
 
     # -- titles -------------------------------------------------------------
@@ -588,7 +585,7 @@ class SessionStore(Replies):
 
     def loaded(self, session_id: str) -> SessionState | None:
         """The session's state if it is loaded in memory."""
-        return self._states.get(session_id)
+        return self.states.get(session_id)
 
     async def check_logs(self) -> int:
         """Check now the log prefixes startup skipped (startup.PrefixCheck).
@@ -602,7 +599,7 @@ class SessionStore(Replies):
         self.saver.quarantined(session_id)
         self.hub.end(session_id, "session quarantined")
         row = self.get_row(session_id)
-        self._notify("session_updated", {"id": session_id, "damaged": row["damaged"], "status": row["status"]})
+        self.notify("session_updated", {"id": session_id, "damaged": row["damaged"], "status": row["status"]})
 
     # -- startup / shutdown -------------------------------------------------
 
@@ -626,33 +623,31 @@ class SessionStore(Replies):
 
 
 @asynccontextmanager
-async def open_session_store(root: str, *, config: StoreConfig | None = None, fs: FileOps = OS_FILES,
-                             titler: TitleGenerator | None = None) -> AsyncIterator[SessionStore]:
-    """Open (recovering first) the session store at `root`; background work
-    (commit, throttled saver, checkpoints, titles) lives until the block exits,
-    and a normal or cancelled exit shuts down gracefully."""
+async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: FileOps = OS_FILES,
+                           titler: TitleGenerator | None = None) -> AsyncIterator[SessionStore]:
+    """Open (recovering first) the session store on the local engine at
+    `root`; background work (commit, throttled saver, checkpoints, titles)
+    lives until the block exits, and a normal or cancelled exit shuts down
+    gracefully. (sessionlog_store.server.stores.open_session_store picks
+    this, or a worker on a shared stream for a config with a backend.)"""
     config = config or StoreConfig()
-    root = os.path.abspath(root)
     if config.backend:
-        async with open_worker_log(config) as (stream, registry, leases, index, checkpoints):
-            store = SessionStore(root, stream, fs, config, titler or KeywordTitler())  # type: ignore[arg-type]
-            store.registry = registry
-            store.worker = worker = Worker(store, stream, leases, index, checkpoints)
-            await start_worker(store, worker)
-            async with _running(store, worker) as running:
-                yield running
-        return
+        raise ValueError("a config with a backend opens a worker: use "
+                         "sessionlog_store.server.stores.open_session_store")
+    root = os.path.abspath(root)
     async with open_event_store(root, fs=fs, sync_mode=config.sync_mode,
                                 journal_sync_interval=config.journal_sync_interval) as es:
-        store = SessionStore(root, es, fs, config, titler or KeywordTitler())
-        await start(store)
-        async with _running(store) as running:
-            yield running
+        registry, found, report = await recover(fs, root)
+        store = SessionStore(root, es, fs, config, titler or KeywordTitler(), registry=registry)
+        await start(store, found, report)
+        async with running(store) as ready:
+            yield ready
 
 
 @asynccontextmanager
-async def _running(store: SessionStore, worker: Worker | None = None) -> AsyncIterator[SessionStore]:
-    """The store's background work, and its graceful stop."""
+async def running(store: SessionStore, worker: SharedLog | None = None) -> AsyncIterator[SessionStore]:
+    """The store's background work (with a shared log's: `worker`), and its
+    graceful stop."""
     es = store.es
     try:
         async with trio.open_nursery() as nursery:

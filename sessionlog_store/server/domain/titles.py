@@ -12,14 +12,14 @@ import re
 from collections import Counter
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from sessionlog_store.projections.session import MessageSnapshot, SessionState
 
 from sessionlog_store.server.domain.errors import NotFound
 
 if TYPE_CHECKING:
-    from sessionlog_store.server.domain.store import SessionStore
+    from sessionlog_store.projections.registry import Registry
 
 log = logging.getLogger("sessionlog.titles")
 
@@ -74,7 +74,16 @@ def recent_messages(state: SessionState) -> list[MessageSnapshot]:
     return [m for m in state.branch() if m.caller is None][-RECENT_FOR_TITLE:]
 
 
-async def maybe_auto_title(store: SessionStore, session_id: str) -> None:
+class Titling(Protocol):
+    """What auto-naming does its work through: the store."""
+    titler: TitleGenerator
+    registry: Registry
+
+    async def load_session(self, session_id: str) -> SessionState: ...
+    async def update_session(self, session_id: str, **fields: Any) -> dict[str, Any]: ...
+
+
+async def maybe_auto_title(store: Titling, session_id: str) -> None:
     """spec "Auto-naming": run after a finished assistant reply. Phase 1 at the
     first reply; phase 2 (the generator) at the 1st, 6th, 16th and 40th, in the
     background, giving up when the user renamed meanwhile, or (the first time)

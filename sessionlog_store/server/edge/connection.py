@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
@@ -24,7 +24,9 @@ from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.edge.auth import Principal
 
 if TYPE_CHECKING:
-    from sessionlog_store.server.edge.ws import Server
+    from sessionlog_store.server.domain.store import SessionStore
+    from sessionlog_store.server.edge.config import ServerConfig
+    from sessionlog_store.server.edge.limits import Quotas
 
 log = logging.getLogger("sessionlog.ws")
 # Every read an admin makes of another user's sessions (docs/SECURITY.md).
@@ -32,8 +34,6 @@ audit = logging.getLogger("sessionlog.audit")
 
 # Frames queued for one client before it is dropped as too slow.
 SEND_QUEUE: Final = 512
-# A client that has not taken one frame in this long is dropped.
-SEND_TIMEOUT: Final = 5.0
 # Subscriptions one connection may hold (a page subscribes to running messages only).
 MAX_SUBSCRIPTIONS: Final = 1000
 # A frame refused for the rate is read for its request_id only up to this size.
@@ -70,10 +70,23 @@ class _Pending:
         self.key, self.update, self.frame = key, update, frame
 
 
+class ConnectionHost(Protocol):
+    """What a connection asks of its server (edge/ws.py's Server)."""
+    store: SessionStore
+    config: ServerConfig
+    quotas: Quotas
+    dropped: int  # connections dropped for not taking frames (metrics)
+
+    def shared_frame(self, update: MsgUpdate) -> str: ...
+    def push_projects(self, owner: str) -> None: ...
+    async def start_reply(self, session_id: str, parent_id: str | None, user: str = "",
+                          reserved: bool = False, reply_id: str | None = None) -> str: ...
+
+
 class Connection:
     """One WebSocket client."""
 
-    def __init__(self, server: Server, ws: WebSocketConnection, nursery: trio.Nursery,
+    def __init__(self, server: ConnectionHost, ws: WebSocketConnection, nursery: trio.Nursery,
                  principal: Principal | None = None) -> None:
         self.principal = principal or Principal()
         self.server = server

@@ -18,7 +18,7 @@ id, a title or any content (docs/API.md, "Operating it").
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -27,7 +27,20 @@ from prometheus_client.registry import Collector
 from sessionlog_store.server.edge.limits import LIMIT_CODES
 
 if TYPE_CHECKING:
-    from sessionlog_store.server.edge.ws import Server
+    from collections.abc import Collection
+
+    from sessionlog_store.server.domain.store import SessionStore
+    from sessionlog_store.server.edge.limits import Quotas
+
+
+class MetricsHost(Protocol):
+    """What the metrics read of a server (edge/ws.py's Server)."""
+    store: SessionStore
+    quotas: Quotas
+    dropped: int
+
+    @property
+    def connections(self) -> Collection[Any]: ...
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -37,7 +50,7 @@ _BATCH_BUCKETS = (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000, 50000)
 class ServerMetrics(Collector):
     """The metrics of one server and its store."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: MetricsHost) -> None:
         self.server = server
         self.registry = CollectorRegistry(auto_describe=True)
         self.durable = Histogram("sessionlog_append_durable_seconds",
@@ -91,28 +104,14 @@ class ServerMetrics(Collector):
         rec, worker = store.recovery, store.worker
         yield _gauge("sessionlog_recovery_seconds", "How long the last start's recovery (a worker: the replay "
                      "of the stream) took", rec.seconds if rec is not None else
-                     worker.es.replay_seconds if worker is not None else 0.0)
+                     worker.start_seconds if worker is not None else 0.0)
         info = InfoMetricFamily("sessionlog_backend", "The event log's backend")  # sessionlog_backend_info
-        info.add_metric([], {"backend": "jetstream" if worker is not None else "local", "sync_mode": st.sync_mode,
-                             "stream": worker.es.stream if worker is not None else ""})
+        info.add_metric([], {"backend": worker.backend if worker is not None else "local", "sync_mode": st.sync_mode,
+                             "stream": worker.name if worker is not None else ""})
         yield info
-        if worker is not None:
-            yield _counter("sessionlog_stream_conflicts", "Publishes refused for another worker's, rebased",
-                           worker.es.conflicts)
-            yield _counter("sessionlog_stream_retries", "Publishes sent again after no answer (leader elections)",
-                           worker.es.retries)
-            yield _gauge("sessionlog_stream_position", "Stream sequence of the last message the tail delivered",
-                         worker.es.tail_position)
-            yield _counter("sessionlog_replies_swept", "Dead workers' replies this worker aborted",
-                           len(worker.swept))
-            yield _counter("sessionlog_leases_lost", "Replies ended here because another worker took their lease",
-                           len(worker.lost))
-            yield _gauge("sessionlog_checkpoint_position", "Stream sequence of the registry checkpoint this "
-                         "worker last wrote or started from (0: none)", worker.checkpointed)
-            yield _gauge("sessionlog_start_replayed", "Messages the start replayed (after its checkpoint, if one)",
-                         worker.es.replayed)
-            yield _counter("sessionlog_snapshot_loads", "Loads that read a session's snapshot and what followed it",
-                           worker.snapshot_loads)
+        if worker is not None:  # what a shared log's worker counts (server/scaleout/worker.py)
+            for kind, name, doc, value in worker.figures():
+                yield (_counter if kind == "counter" else _gauge)(name, doc, value)
         yield _gauge("sessionlog_store_ok", "1 while the store accepts writes, 0 once it failed",
                      0 if store.failure() is not None else 1)
 
@@ -125,7 +124,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def readiness(server: Server) -> str | None:
+def readiness(server: MetricsHost) -> str | None:
     """Why the server is not ready (recovered and writable), or None."""
     failure = server.store.failure()
     if failure is not None:

@@ -16,8 +16,6 @@ import logging
 import mimetypes
 import os
 import re
-import secrets
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -32,8 +30,9 @@ from sessionlog_store.server.domain.errors import NotFound
 from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 from sessionlog_store.server.edge import protocol as p
-from sessionlog_store.server.edge.auth import PROTOCOL, REFUSED, AuthConfig, Principal, make_authenticator
-from sessionlog_store.server.edge.connection import SEND_TIMEOUT, Connection
+from sessionlog_store.server.edge.auth import PROTOCOL, REFUSED, Principal, make_authenticator
+from sessionlog_store.server.edge.config import ServerConfig as ServerConfig
+from sessionlog_store.server.edge.connection import Connection
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits, Quotas
 from sessionlog_store.server.edge.http import Exchange, Request
 from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -46,46 +45,6 @@ STATIC_DIR: Final = os.path.join(os.path.dirname(__file__), "static")
 OPS_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 # What /static/ serves: a file of static/ or of static/vendor/ (no dot files, no other folder).
 _STATIC_NAME: Final = re.compile(r"(vendor/)?[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
-
-
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8765
-    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    allowed_origins: tuple[str, ...] = ()
-    send_timeout: float = SEND_TIMEOUT
-    # Beyond loopback (README: Deploying it). Extra Host values the page and
-    # /ws answer ("name" or "name:port"):
-    allowed_hosts: tuple[str, ...] = ()
-    # The URL users open (e.g. https://chat.example.com/chat): its host is
-    # allowed, its origin too, and its path is the root path unless one is given.
-    public_url: str | None = None
-    # Peers (IPs, or "*") whose X-Forwarded-For/-Proto/-Host are believed.
-    forwarded_allow_ips: tuple[str, ...] = ()
-    # A path prefix the server is reached under ("/chat"); requests with or
-    # without it are served (a proxy may or may not strip it).
-    root_path: str = ""
-    # WebSocket keepalive: a ping this often; no pong within the timeout drops
-    # the connection (a dead peer behind a NAT or proxy). 0: off.
-    ping_interval: float = 20.0
-    ping_timeout: float = 20.0
-    # Who clients are (edge/auth.py; the default: the one token above) and
-    # what one of them may do (edge/limits.py; None: none for the single
-    # user, MULTI_USER for the other modes).
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    limits: Limits | None = None
-
-    def __post_init__(self) -> None:
-        if self.public_url is not None:
-            u = urlsplit(self.public_url)
-            if u.scheme not in ("http", "https") or not u.netloc:
-                raise ValueError(f"--public-url {self.public_url!r} is not an http(s) URL")
-            if not self.root_path:
-                self.root_path = u.path.rstrip("/")
-        self.root_path = self.root_path.rstrip("/")
-        if self.root_path and not self.root_path.startswith("/"):
-            raise ValueError(f"--root-path {self.root_path!r} must start with /")
 
 
 class Server:

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,24 +36,19 @@ import trio
 from sessionlog_store.eventstore.jetstream.control import StopRequests
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
                                                 SessionDeleted)
-from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
-from sessionlog_store.eventstore.jetstream.natsio import default_prefix
+from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog
 from sessionlog_store.eventstore.jetstream.objects import StreamObjects, first_stream_seq, stream_facts, subject_from
 from sessionlog_store.eventstore.jetstream.leases import REASON, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.record import scan, with_ends
 from sessionlog_store.projections.recovery import fold_until
-from sessionlog_store.projections.registry import Registry
-from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_checkpoint,
-                                                      decode_snapshot, encode_snapshot, prune)
-from sessionlog_store.projections.stream_fold import seed as seed_registry
+from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_snapshot, encode_snapshot)
 from sessionlog_store.projections.session import SessionState
 from sessionlog_store.server.domain.errors import ServiceError
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 
 if TYPE_CHECKING:
     from sessionlog_store.server.domain.inflight import InflightMessage
-    from sessionlog_store.server.domain.config import StoreConfig
     from sessionlog_store.server.domain.store import SessionStore
 
 log = logging.getLogger("sessionlog.worker")
@@ -69,67 +63,6 @@ SNAPSHOT_BYTES = 64 * 1024
 
 def snapshot_name(sid: str) -> str:
     return f"session.{sid}"
-
-
-@asynccontextmanager
-async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamLog, Registry, Leases, RunningIndex,
-                                                                         Checkpoints]]:
-    """The shared stream (created if missing) with the registry and the
-    running replies folded from it (from the stream's registry checkpoint
-    and the messages after it), the lease bucket and the checkpoints."""
-    registry, running = Registry(), RunningIndex()
-    ckpts = Checkpoints(StreamFold(config.stream) if config.stream_checkpoint_interval > 0 else None)
-
-    def gone(sid: str, records: list[Record], end: int) -> None:
-        # during the replay: an id deleted and made again (its tombstone purged unseen)
-        registry.put(None, sid)
-        running.drop(sid)
-
-    async def seed(es: JetStreamLog) -> int:
-        es.reset_listeners.append(gone)
-        if ckpts.fold is not None:
-            ckpts.objects = await StreamObjects.open(es, replicas=config.replicas)
-            ckpts.start = await _seed(es, ckpts.objects, registry, running, ckpts.fold)
-        return ckpts.start.position if ckpts.start is not None else 0
-    t0 = time.monotonic()
-    async with open_jetstream_log(list(config.backend), stream=config.stream,
-                                  prefix=config.subject_prefix or default_prefix(config.stream), replicas=config.replicas,
-                                  replay=True, listeners=[registry.apply, running.apply], seed=seed,
-                                  retry_for=config.publish_retry) as es:
-        es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
-        es.reset_listeners.remove(gone)
-        es.replay_seconds = time.monotonic() - t0
-        leases = await Leases.open(es, ttl=config.lease_ttl, replicas=config.replicas)
-        yield es, registry, leases, running, ckpts
-
-
-async def _seed(es: JetStreamLog, objects: StreamObjects, registry: Registry, running: RunningIndex,
-                fold: StreamFold) -> CheckpointStart | None:
-    """Before the replay: the fold fed from the tail (every message), and the
-    registry, the running replies and the log's sessions from the stream's
-    checkpoint if one serves (a missing or unusable one: a full replay)."""
-    es.stream_listeners.append(fold.take)
-    try:
-        facts = await stream_facts(es)
-        fold.created = facts.created
-        stored = await objects.get(CHECKPOINT_NAME)
-        if stored is None:
-            return None
-        ckpt = decode_checkpoint(stored[0], es.stream, facts.created, facts.last_seq)
-    except CheckpointUnusable as e:
-        log.warning("the stream's registry checkpoint is unusable (%s): replaying the whole stream", e)
-        objects.replace = True
-        return None
-    except Exception as e:  # noqa: BLE001 - a cache: the stream serves without it
-        log.warning("could not read the stream's registry checkpoint (%s): replaying the whole stream", e)
-        return None
-    gone = prune(ckpt, facts.live)
-    fold.seed(ckpt)
-    seed_registry(ckpt, registry, running)
-    for sid, pos in ckpt.positions.items():
-        es.seed(sid, pos.seq, pos.end, pos.stream_seq)
-    es.tail_position = ckpt.position
-    return CheckpointStart(ckpt.position, len(ckpt.sessions), len(gone), ckpt.written_at)
 
 
 class CheckpointStart(msgspec.Struct):
@@ -182,13 +115,13 @@ class Worker:
         if not applied:
             # Folded by a rebase (on_reset: the row, the state, the row's push):
             # what remains is what the listener would have told.
-            state = store._states.get(sid)
+            state = store.states.get(sid)
             for rec in records:
-                store._tell(sid, rec, state)
+                store.tell_record(sid, rec, state)
                 if isinstance(rec.event, MessageFinalized):
                     self._finished_elsewhere(sid, rec.event)
             return
-        before = store._row_before.pop(sid, None)
+        before = store.take_row_before(sid)
         kinds = {type(r.event) for r in records}
         for rec in records:
             ev = rec.event
@@ -198,10 +131,49 @@ class Worker:
             self._gone(sid, before.owner if before is not None else "")
         elif SessionCreated in kinds:
             if sid in store.registry:
-                store._notify("session_created", {"session": store.get_row(sid)})
+                store.notify("session_created", {"session": store.get_row(sid)})
         elif before is not None:
-            store._row_before[sid] = before
-            store._after_append(sid)
+            store.keep_row_before(sid, before)
+            store.after_append(sid)
+
+    @property
+    def backend(self) -> str:
+        return "jetstream"
+
+    @property
+    def name(self) -> str:
+        return self.es.stream
+
+    @property
+    def start_seconds(self) -> float:
+        return self.es.replay_seconds
+
+    def figures(self) -> list[tuple[str, str, str, float]]:
+        es = self.es
+        return [
+            ("counter", "sessionlog_stream_conflicts", "Publishes refused for another worker's, rebased", es.conflicts),
+            ("counter", "sessionlog_stream_retries", "Publishes sent again after no answer (leader elections)",
+             es.retries),
+            ("gauge", "sessionlog_stream_position", "Stream sequence of the last message the tail delivered",
+             es.tail_position),
+            ("counter", "sessionlog_replies_swept", "Dead workers' replies this worker aborted", len(self.swept)),
+            ("counter", "sessionlog_leases_lost", "Replies ended here because another worker took their lease",
+             len(self.lost)),
+            ("gauge", "sessionlog_checkpoint_position", "Stream sequence of the registry checkpoint this worker "
+             "last wrote or started from (0: none)", self.checkpointed),
+            ("gauge", "sessionlog_start_replayed", "Messages the start replayed (after its checkpoint, if one)",
+             es.replayed),
+            ("counter", "sessionlog_snapshot_loads", "Loads that read a session's snapshot and what followed it",
+             self.snapshot_loads),
+        ]
+
+    def others_running(self) -> Iterable[tuple[tuple[str, str], dict[str, Any]]]:
+        """The replies running on the stream, as the tail brought them (this
+        worker's own included: the caller leaves those out)."""
+        return self.running.replies.items()
+
+    async def log_bytes(self, sid: str) -> bytes:
+        return await self.es.log_bytes(sid)
 
     def hold(self, update: MsgUpdate) -> None:
         """A progress update of this worker's, told once the stream has it."""
@@ -229,8 +201,7 @@ class Worker:
         if msg is None or msg.finished:
             return
         self._end_here(msg, ev.aborted_reason or ev.status)
-        if self.store._nursery is not None:  # (its lease may be gone: taken by the one that finalized)
-            self.store._nursery.start_soon(self.reply_ended, sid, ev.msg_id)
+        self.store.spawn(self.reply_ended, sid, ev.msg_id)  # (its lease may be gone: taken by the one that finalized)
 
     def _end_here(self, msg: InflightMessage, reason: str) -> None:
         """End a producer here without a finalize of its own: another worker
@@ -259,25 +230,25 @@ class Worker:
         for (s, _), msg in list(store.saver.active.items()):
             if s == sid:
                 self._end_here(msg, "session deleted")
-        store._states.pop(sid, None)
+        store.states.drop(sid)
         store.hub.end(sid, "session deleted")
-        store._notify("session_deleted", {"session_id": sid}, owner)
+        store.notify("session_deleted", {"session_id": sid}, owner)
 
     def on_reset(self, sid: str, records: list[Record], end: int) -> None:
         """A conflict rebased the session: its row and state fold again."""
         store = self.store
         # (the row before this worker's own change that the conflict voided:
         # its own deletion, refused because another worker's came first)
-        before = store._row_before.pop(sid, None)
+        before = store.take_row_before(sid)
         old = store.registry.get(sid)
         store.registry.put(None, sid)
-        state = None if store._states.pop(sid, None) is None or not records else SessionState()
+        state = None if store.states.drop(sid) is None or not records else SessionState()
         for rec in records:
             store.registry.apply(sid, rec, end)
             if state is not None:
                 state.apply(rec, end)
         if state is not None:
-            store._states[sid] = state
+            store.states.put(sid, state)
         self.running.drop(sid)
         for rec in records:
             self.running.apply(sid, rec, end)
@@ -295,21 +266,21 @@ class Worker:
         for (s, msg_id), msg in list(store.saver.active.items()):
             if s == sid and msg_id not in made and not msg.finished:
                 self._end_here(msg, "session deleted")  # (the id was deleted and made again elsewhere)
-        if sid in store._loading:
+        if store.states.loading(sid):
             self._reset_loading.add(sid)
         new = store.registry.get(sid)
         if new is None:
             if old is not None or before is not None:
                 self._gone(sid, (old or before).owner)  # type: ignore[union-attr]
             else:  # (its row went with this worker's own tombstone, refused: deleted elsewhere first)
-                store._states.pop(sid, None)
+                store.states.drop(sid)
                 store.hub.end(sid, "session deleted")
         elif old is None:
-            store._notify("session_created", {"session": store.get_row(sid)})
+            store.notify("session_created", {"session": store.get_row(sid)})
         else:
-            changed = store._row_changes(old, new)
+            changed = store.row_changes(old, new)
             if changed:
-                store._notify("session_updated", {"id": sid, **changed})
+                store.notify("session_updated", {"id": sid, **changed})
 
     async def read_state(self, sid: str) -> SessionState:
         """A session's state as the stream holds it: from its snapshot and the
@@ -352,13 +323,13 @@ class Worker:
         """Write a loaded session's snapshot, when its messages grew by
         SNAPSHOT_BYTES since the last one and all of it is on the stream."""
         es, objects = self.es, self.checkpoints.objects
-        if objects is None or sid not in es or sid not in self.store._states or \
+        if objects is None or sid not in es or sid not in self.store.states or \
                 es.durable_end(sid) - self._snapshot_end.get(sid, 0) < SNAPSHOT_BYTES:
             return False
         first = await first_stream_seq(es, sid)
         for _ in range(3):
             # From the check to the encoding nothing awaits: state, seqs and fence agree.
-            state = self.store._states.get(sid)
+            state = self.store.states.get(sid)
             if not first or state is None or sid not in es:
                 return False
             if first > es.stream_seq(sid):
@@ -394,7 +365,7 @@ class Worker:
         """The terminal update to tell, now that its finalize is durable: the
         stream's, when another worker's finalize came first (a rebase dropped
         this one)."""
-        state = self.store._states.get(sid)
+        state = self.store.states.get(sid)
         m = state.messages.get(update.msg_id) if state is not None else None
         if m is None or m.status == update.status:
             return update
@@ -471,8 +442,8 @@ class Worker:
             await self.leases.release(sid, msg_id)
         except Exception as e:  # noqa: BLE001 - it expires; a sweeper finds the finalize and drops it
             log.warning("could not release the lease of reply %s: %s", lease_key(sid, msg_id), e)
-        if self.checkpoints.objects is not None and self.store._nursery is not None:
-            self.store._nursery.start_soon(self._snapshot_soon, sid)
+        if self.checkpoints.objects is not None:
+            self.store.spawn(self._snapshot_soon, sid)
 
     async def renew_loop(self) -> None:
         """Every third of the leases' time to live, renew all of this worker's

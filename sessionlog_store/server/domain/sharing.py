@@ -1,0 +1,66 @@
+"""What the session store asks of a worker when its event log is shared
+with other processes (a replicated stream other `sessionlog serve` workers
+write too). The domain names only this contract; the JetStream worker that
+keeps it lives in server/scaleout/ (leases, the tail of other workers'
+records, the sweeper, checkpoints in the object bucket), so a backend of
+another kind brings its own and touches no domain module.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import trio
+
+from sessionlog_store.projections.session import SessionState
+from sessionlog_store.server.domain.subscriptions import MsgUpdate
+
+
+class SharedLog(Protocol):
+    @property
+    def backend(self) -> str:
+        """Its kind, for operators ("jetstream")."""
+    @property
+    def name(self) -> str:
+        """The shared log's name (a stream's)."""
+    @property
+    def start_seconds(self) -> float:
+        """How long the start's replay took."""
+
+    def figures(self) -> list[tuple[str, str, str, float]]:
+        """What it counts, for /metrics: (kind "counter" or "gauge", name, help, value)."""
+
+    # -- replies streamed here ------------------------------------------------
+    async def reply_starting(self, sid: str, msg_id: str) -> None:
+        """Before a reply's placeholder is written: take its ownership (raises
+        when another worker holds it, or the log does not answer)."""
+    async def reply_ended(self, sid: str, msg_id: str) -> None:
+        """After a reply's finalize (or a failed start): give its ownership up."""
+    def stop_pending(self, sid: str, msg_id: str) -> bool:
+        """Another worker asked to stop this reply before it went live."""
+    async def stop_elsewhere(self, sid: str, msg_id: str) -> bool:
+        """Ask the worker streaming the reply to stop it; False: none answered."""
+    def others_running(self) -> Iterable[tuple[tuple[str, str], dict[str, Any]]]:
+        """The replies other workers stream: ((session, message), row)."""
+
+    # -- what clients are told ------------------------------------------------
+    def hold(self, update: MsgUpdate) -> None:
+        """A progress update of this worker's, told once the log holds it."""
+    def stream_end(self, sid: str, update: MsgUpdate) -> MsgUpdate:
+        """The terminal update to tell, now that its finalize is durable."""
+
+    # -- reads ----------------------------------------------------------------
+    async def read_state(self, sid: str) -> SessionState:
+        """A session's state as the shared log holds it."""
+    async def log_bytes(self, sid: str) -> bytes:
+        """A session's records as the shared log holds them, framed as a log's lines."""
+    def reload_needed(self, sid: str) -> bool:
+        """Another writer's records voided a load under way: load again."""
+
+    # -- lifecycle ------------------------------------------------------------
+    async def forget_snapshot(self, sid: str) -> None:
+        """A deleted session's cached snapshot goes."""
+    def start_background(self, nursery: trio.Nursery) -> None:
+        """Renewals, sweeps, other workers' stops, checkpoints."""
+    async def at_stop(self) -> None:
+        """A stop's last checkpoint."""
