@@ -53,7 +53,7 @@ def leader_killer(cluster: Any, lost: dict[str, Any]):  # type: ignore[no-untype
     async def during(store: Any, seconds: float) -> None:
         es = store.worker.es
         await trio.sleep(seconds / 3)
-        info = await es._bridge.run(lambda: es._js.stream_info(es.stream))
+        info = await es.bridge.run(lambda: es.js.stream_info(es.stream))
         leader = str(info.cluster.leader)
         cluster.kill(int(leader.removeprefix("n")))
         lost["killed"] = leader

@@ -341,7 +341,7 @@ class TestJetStreamLog(EventLogContract):
                 async def killer() -> None:
                     while sum(acked.values()) < 200:
                         await trio.sleep(0.01)
-                    leader = await log._bridge.run(lambda: log._js.stream_info("LK"))
+                    leader = await log.bridge.run(lambda: log.js.stream_info("LK"))
                     cluster.kill(int(str(leader.cluster.leader).removeprefix("n")))
                 with trio.fail_after(120):
                     async with trio.open_nursery() as n:

@@ -152,7 +152,7 @@ async def test_a_renewal_whose_answer_was_lost_keeps_the_reply(nats_cluster, tmp
     async with worker(nats_cluster, tmp_path, "a", "RV4", lease_ttl=2.0) as a, \
             worker(nats_cluster, tmp_path, "b", "RV4", lease_ttl=2.0) as b:
         meta, _ = await a.create_session(first_message="go")
-        sid, kv = meta.id, a.worker.leases.kv
+        sid, kv = meta.id, a.worker.leases.renew_kv
         real, calls = kv.update, [0]
 
         async def update(key, value, last=None):  # type: ignore[no-untyped-def]

@@ -475,10 +475,10 @@ def check_nats_servers(args: argparse.Namespace) -> None:
     """Refuse an R1 stream and servers that do not fsync before they ack,
     unless told (CannotRun says which flag accepts the risk); wait for a
     quorum of the monitors to answer (server/natscheck.py). The monitors
-    that did not answer go into `args.late_monitors`, for serve to check
-    while it runs."""
+    that did not answer go into `args.late_monitors`; serve checks every one
+    of them (`args.watched_monitors`) again while it runs."""
     from sessionlog_store.server.natscheck import ServersUnfit, wait_for_quorum
-    args.late_monitors = []
+    args.late_monitors, args.watched_monitors = [], []
     if args.nats_replicas < 2 and not args.nats_allow_single_replica:
         raise CannotRun("--nats-replicas 1 keeps one copy of every record: one lost disk loses acknowledged "
                         "records; give --nats-allow-single-replica to accept that")
@@ -489,6 +489,7 @@ def check_nats_servers(args: argparse.Namespace) -> None:
         raise CannotRun("cannot check that the NATS servers fsync before they acknowledge: give each "
                         "server's monitoring URL with --nats-monitor (their jetstream block needs "
                         "sync_interval: always), or --nats-accept-unsynced to accept the risk")
+    args.watched_monitors = monitors  # all of them, checked again while it serves (one restarted unsynced)
     try:
         args.late_monitors = wait_for_quorum(monitors, lambda line: print(f"sessionlog: {line}", file=sys.stderr,
                                                                            flush=True))

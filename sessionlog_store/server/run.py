@@ -158,17 +158,18 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
             stopping: list[int] = []
             failed_events.append(trio.Event())
 
-            async def check_late_servers(late: list[str]) -> None:
-                """The NATS servers that did not answer at the start: one
-                that answers unsynced stops the worker (EXIT_STARTUP)."""
+            async def check_servers(watched: list[str], late: list[str]) -> None:
+                """Every NATS server, again and again while it serves: one
+                that answers unsynced (one that was down at the start, or one
+                restarted since without `sync_interval: always`) stops the
+                worker (EXIT_STARTUP)."""
                 from sessionlog_store.server.natscheck import LATE_RECHECK, ServersUnfit, check_one
-                while late:
+                silent = set(late)
+                while True:
                     await trio.sleep(LATE_RECHECK)
-                    for url in list(late):
+                    for url in watched:
                         try:
-                            if await trio.to_thread.run_sync(check_one, url):
-                                late.remove(url)
-                                log.info("the NATS server at %s answers, synced", url)
+                            answered = await trio.to_thread.run_sync(check_one, url)
                         except ServersUnfit as e:
                             log.error("%s; stopping", e)
                             exit_code.append(EXIT_STARTUP)
@@ -177,8 +178,14 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
                                 nursery.start_soon(watchdog)
                                 nursery.start_soon(stop)
                             return
-            if getattr(args, "late_monitors", None):
-                nursery.start_soon(check_late_servers, list(args.late_monitors))
+                        if answered and url in silent:
+                            silent.discard(url)
+                            log.info("the NATS server at %s answers, synced", url)
+                        elif not answered and url not in silent:
+                            silent.add(url)
+                            log.warning("the NATS server at %s does not answer", url)
+            if getattr(args, "watched_monitors", None):
+                nursery.start_soon(check_servers, list(args.watched_monitors), list(args.late_monitors))
 
             async def on_store_failure() -> None:
                 await failed_events[0].wait()

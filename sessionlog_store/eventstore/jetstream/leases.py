@@ -56,6 +56,11 @@ def lease_key(session_id: str, msg_id: str) -> str:
     return f"{session_id}.{msg_id}"
 
 
+# A session's turn (a chat's or a retry's reply holds it until it ends): a
+# lease like a reply's, under a name no message id has (ids are 22 characters).
+TURN: Final = "_turn"
+
+
 class LeaseTaken(Exception):
     """The reply has a lease already (another worker streams it)."""
 
@@ -68,11 +73,24 @@ def _gone(e: BaseException) -> bool:
             or getattr(e, "err_code", None) in WRONG_LAST_SEQUENCE)
 
 
+def renew_timeout(ttl: float) -> float:
+    """How long one renewal request waits for its answer: a tenth of the
+    time to live (within 0.5-2 s; an answer takes milliseconds), so that
+    after a round that got none, tried again half a second later, several
+    more tries fit before the lease lapses (the bucket's leader lost: an
+    election takes 4-9 s)."""
+    return max(0.5, min(2.0, ttl / 10))
+
+
 class Leases:
     """Use `await Leases.open(log)`."""
 
-    def __init__(self, log: JetStreamLog, kv: Any, ttl: float, skew: float = CLOCK_SKEW) -> None:
+    def __init__(self, log: JetStreamLog, kv: Any, ttl: float, skew: float = CLOCK_SKEW,
+                 renew_kv: Any = None) -> None:
         self.log, self.kv, self.ttl, self.skew = log, kv, ttl, skew
+        # Renewals on a handle whose requests give up soon (a few tries fit in
+        # a lease's time to live when the bucket's leader is lost)
+        self.renew_kv = renew_kv if renew_kv is not None else kv
         self.worker = log.worker
         self._revisions: dict[str, int] = {}  # the revision of each lease this worker holds
         self._expires: dict[str, float] = {}  # its deadline as last written (wall clock)
@@ -86,7 +104,11 @@ class Leases:
         name = f"{log.stream}-leases"
         kv = await log.bridge.run(lambda: until_led(js, f"KV_{name}", lambda: js.create_key_value(
             bucket=name, history=1, replicas=replicas)))
-        return cls(log, kv, ttl, skew)
+        # (nats-py's connection behind the log's context: a second context on
+        # it, with a timeout of its own, for the renewals)
+        fast = js._nc.jetstream(timeout=renew_timeout(ttl))
+        renew_kv = await log.bridge.run(lambda: fast.key_value(name))
+        return cls(log, kv, ttl, skew, renew_kv)
 
     @staticmethod
     async def held(log: JetStreamLog) -> list[str]:
@@ -112,9 +134,9 @@ class Leases:
         answer (a leader election) is made again for `retry_for` seconds; if
         the entry then exists with this worker's name, that try made it."""
         key, kv, run = lease_key(session_id, msg_id), self.kv, self.log.bridge.run
-        value, expires = self._value()
         deadline, unanswered_before = time.monotonic() + retry_for, False
         while True:
+            value, expires = self._value()  # (a deadline from this try on, not from the first)
             try:
                 self._revisions[key] = await run(lambda: kv.create(key, value))
                 self._expires[key] = expires
@@ -168,10 +190,11 @@ class Leases:
         """Move on the deadline of every lease this worker holds (or of
         `keys`), all at once in one crossing. Each is True (renewed), False
         (taken by another worker: stop writing that reply) or None (no
-        answer: a leader election; try again). A renewal whose answer was
-        lost, or a refusal, is checked against the entry: if it holds this
-        worker's name it is still ours."""
-        kv, (value, expires) = self.kv, self._value()
+        answer, or not renewed yet: try again soon). A request that got no
+        answer is None at once (the next try's compare-and-set tells whether
+        it landed); a refusal is checked against the entry: if it holds this
+        worker's name it is still ours, at the entry's revision."""
+        kv, (value, expires) = self.renew_kv, self._value()
         todo = [(k, self._revisions[k]) for k in (keys if keys is not None else list(self._revisions))
                 if k in self._revisions]
 
@@ -180,8 +203,12 @@ class Leases:
 
             async def one(key: str, last: int) -> Any:
                 try:
-                    return await kv.update(key, value, last=last), expires
-                except Exception:  # noqa: BLE001 - sorted out below
+                    return await kv.update(key, value, last=last), expires, True
+                except Exception as e:  # noqa: BLE001 - sorted out below
+                    if unanswered(e):
+                        # Unknown, at once (no read to wait for as well): the
+                        # next try's compare-and-set says whether this one landed.
+                        return None
                     try:
                         entry = await kv.get(key)
                     except KeyNotFoundError:  # (deleted too) taken, its reply finalized by the taker
@@ -190,7 +217,10 @@ class Leases:
                         return None
                     held = _DECODE.decode(entry.value) if entry.value else None
                     if held is not None and held.worker == self.worker:
-                        return entry.revision, held.expires  # ours still (the lost answer's update, or ours unchanged)
+                        # Ours, at a revision an earlier try whose answer was
+                        # lost wrote: taken as it is; renewed if its deadline
+                        # is this round's, else tried again soon from it.
+                        return entry.revision, held.expires, held.expires >= expires
                     return False  # the entry answered, and it is another worker's (or a taker's deletion)
             return list(await asyncio.gather(*(one(k, last) for k, last in todo)))
         out: dict[str, bool | None] = {}
@@ -204,7 +234,7 @@ class Leases:
             else:
                 if key in self._revisions:  # (released meanwhile: stays released)
                     self._revisions[key], self._expires[key] = int(got[0]), float(got[1])
-                out[key] = True
+                out[key] = True if got[2] else None
         return out
 
     async def release(self, session_id: str, msg_id: str) -> None:
@@ -250,7 +280,7 @@ class Leases:
                     continue
                 raise
             session_id, msg_id = key.split(".", 1)
-            if await self.finalize_orphan(session_id, msg_id):
+            if msg_id != TURN and await self.finalize_orphan(session_id, msg_id):  # (a turn: deleted only)
                 done.append((session_id, msg_id))
             try:
                 await run(lambda: kv.delete(key, last=mine))

@@ -102,14 +102,28 @@ async def until_led(js: Any, stream: str, create: Callable[[], Awaitable[T]], wi
         await asyncio.sleep(0.2)
 
 
+# How often a connection pings its server (seconds): a server that stops
+# answering (paused: a VM stall) is left for another of the cluster after two
+# unanswered pings, not nats-py's minutes, so a worker's leases outlive it.
+PING_INTERVAL: Final = 2.0
+
+# JetStream's answers that say "not now" rather than "no": a message of that
+# id is still being stored (a retry overtook the first send to a leader that
+# was paused: JSStreamDuplicateMessageConflict, 409) and the cluster has no
+# leader for the request yet (JSClusterNotAvailErr 10008, JSClusterNotLeaderErr 10009).
+_NOT_NOW: Final = (10158, 10008, 10009)
+
+
 def unanswered(error: BaseException) -> bool:
-    """A publish that may not have reached a leader, or whose ack was lost:
-    retried with the same message id, it is stored once."""
+    """A publish that may not have reached a leader, or whose ack was lost, or
+    that the cluster cannot take yet: retried with the same message id, it
+    is stored once."""
     import nats.errors
     import nats.js.errors
     return (isinstance(error, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
                                nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError,
-                               nats.js.errors.ServiceUnavailableError)))
+                               nats.js.errors.ServiceUnavailableError))
+            or getattr(error, "err_code", None) in _NOT_NOW)
 
 
 async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create: bool) -> None:

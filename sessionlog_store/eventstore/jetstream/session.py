@@ -1,4 +1,4 @@
-"""What a JetStream log (jetstream.py) knows of one session it writes: its
+"""What a JetStream log (streamlog.py) knows of one session it writes: its
 seqs, its fence (the stream sequence of its last message), the messages
 another writer stored while this one had records in flight, and, after a
 conflict, where its waiters go (the session read again, their seqs
@@ -8,13 +8,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from ..errors import MessageFinished
-from ..events import Event, MessageFinalized, MessageProgress
+from ..errors import MessageFinished, UnknownSession
+from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted
 
 
 class StreamSession:
     __slots__ = ("last_seq", "durable_seq", "stream_seq", "end", "deleted", "born", "deferred", "moved_to",
-                 "renumber", "refused", "finished")
+                 "renumber", "refused", "finished", "tombstoned")
 
     def __init__(self) -> None:
         # Names this incarnation of the id in message ids: a session deleted and
@@ -25,6 +25,7 @@ class StreamSession:
         self.stream_seq = 0    # the stream sequence of the session's last message (the fence)
         self.end = 0           # bytes of the session's lines so far (as a log file would hold)
         self.deleted = False
+        self.tombstoned = False  # this log appended its tombstone: nothing follows it
         # Other writers' messages the tail brought while this log had records of
         # the session not yet acknowledged: (data, stream seq), applied after
         # the ack, or read again by a rebase.
@@ -45,6 +46,8 @@ class StreamSession:
         this one; a second finalize): MessageFinished."""
         if self.refused is not None:
             raise self.refused
+        if self.tombstoned:
+            raise UnknownSession(session_id)  # (deleted here: a producer's last text after the tombstone)
         if self.finished:
             for ev in events:
                 if type(ev) in (MessageProgress, MessageFinalized) and ev.msg_id in self.finished:  # type: ignore[union-attr]
@@ -53,6 +56,8 @@ class StreamSession:
     def took(self, ev: Event) -> None:
         if type(ev) is MessageFinalized:
             self.finished.add(ev.msg_id)
+        elif type(ev) is SessionDeleted:
+            self.tombstoned = True
 
     @property
     def pending(self) -> bool:

@@ -6,13 +6,12 @@ docs/SCALEOUT.md). The NATS plumbing is natsio.py.
 Theory of operation
 -------------------
 One stream holds every session, one subject a session (`<prefix>.<id>`).
-Appends run on the trio thread as in commit.py: each record gets the
+Appends run on the trio thread as in local/commit.py: each record gets the
 session's next seq, is encoded to its exact log line and goes into the
 filling batch; the listeners see it at once. The committer takes the batch
 and makes it durable in one crossing into nats-py's asyncio loop (a thread
 of its own; nats-py is asyncio-only): per session, one message holding its
-new lines, all sessions' messages published at once (pipelined). Each
-message carries
+new lines, all sessions' messages published at once (pipelined). Each carries
 - `Nats-Msg-Id` `<id>:<incarnation>:<first seq>-<last seq>`: a retry is
   stored once, a session made again under a deleted id is not a retry;
 - `Nats-Expected-Last-Subject-Sequence`: the stream sequence of the
@@ -23,8 +22,8 @@ message carries
 A batch is acknowledged when every message is (the servers fsync before
 they ack: `sync_interval: always`, checked by the operator's setup). A
 publish that gets no answer (a leader election) is sent again, same id, for
-`retry_for` seconds; one that fails otherwise is fatal, as a failed sync is
-for the files.
+`retry_for` seconds (a rebase's read too); one that fails otherwise is
+fatal, as a failed sync is for the files.
 
 A publish refused by the fence (another writer appended to the session
 since) is a conflict, not a failure: the log reads the session again and
@@ -36,7 +35,8 @@ as they now stand, to fold again. While this log has records of a session
 in flight, the tail's messages of it wait (`deferred`): applied after the
 ack when stored after it, read again by the rebase when stored before.
 Reading a session walks its subject with direct gets; removing one purges
-its subject (after its tombstone record was appended and acknowledged).
+its subject (after its tombstone record was appended and acknowledged); the
+log's own tombstone refuses anything after it (a producer's last text).
 
 Every log tails the stream from when it opened with an ordered consumer
 (JetStream's, never a core subscription: core subscribers also receive
@@ -63,7 +63,8 @@ from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SessionExi
 from ..events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
 from ..ids import validate_session_id
 from ..record import scan, with_ends
-from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream, publish_answered, read_subject, split_by_size
+from .natsio import (DIRECT_GETS, PING_INTERVAL, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream, publish_answered,
+                     read_subject, split_by_size, unanswered)
 from ..record import Record, decode_record, encode_record
 from .session import StreamSession
 
@@ -354,7 +355,7 @@ class JetStreamLog:
         old = self._sessions[session_id]
         deadline = trio.current_time() + 2.0
         while True:  # the refusal can come before the message that caused it can be read
-            data, last, marks = await self._messages(session_id)
+            data, last, marks = await self._read_answered(session_id)
             if last > old.stream_seq or trio.current_time() > deadline:  # (none by then: purged, deleted)
                 break
             await trio.sleep(0.02)
@@ -587,6 +588,18 @@ class JetStreamLog:
 
     # -- reads and removal --------------------------------------------------
 
+    async def _read_answered(self, session_id: str) -> tuple[bytes, int, list[tuple[int, int]]]:
+        """`_messages`, read again while unanswered (a leader paused or elected) as long as a publish is."""
+        deadline = trio.current_time() + self.retry_for
+        while True:
+            try:
+                return await self._messages(session_id)
+            except Exception as e:
+                if not unanswered(e) or trio.current_time() > deadline:
+                    raise
+                self.retries += 1
+            await trio.sleep(0.2)
+
     async def _messages(self, session_id: str) -> tuple[bytes, int, list[tuple[int, int]]]:
         """The session's lines as the stream holds them, the stream sequence
         of its last message (0: none), and each message's (stream sequence,
@@ -644,14 +657,14 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
     may make it know sessions as of a checkpoint and return the stream
     sequence the replay resumes after. Without `create`, a stream that does not
     exist is StoreBroken (nothing is made). A publish that gets no answer (a leader
-    being elected, a node lost) is retried for `retry_for` seconds before
-    the log is broken."""
+    being elected, a node lost) is retried for `retry_for` s before the log breaks."""
     import nats
     bridge = AsyncioThread()
     bridge.start()
     try:
         async def connect() -> Any:
-            return await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+            return await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                      ping_interval=PING_INTERVAL, max_outstanding_pings=2)
         nc = await bridge.run(connect)
         try:
             js = nc.jetstream(timeout=timeout)

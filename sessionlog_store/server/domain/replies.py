@@ -48,6 +48,7 @@ class Replies:
     hub: SubscriptionHub
     shutting_down: bool
     worker: SharedLog | None
+    turns: set[str]  # sessions whose new turn is being started here (claim_turn)
 
     if TYPE_CHECKING:
         async def _log_bytes(self, session_id: str) -> bytes: ...
@@ -74,10 +75,25 @@ class Replies:
                     and (owner is None or (key[0] in rows and rows[key[0]].owner == owner))]
         return sorted(out, key=lambda r: r["started_at"])
 
+    def claim_turn(self, session_id: str) -> None:
+        """`turn_free`, and the turn is this caller's until `end_turn` (its
+        reply's placeholder is written, or the turn failed): two turns sent at
+        once to this process are one accepted, one refused (the check and the
+        claim take no await between them)."""
+        self.turn_free(session_id)
+        self.turns.add(session_id)
+
+    def end_turn(self, session_id: str) -> None:
+        self.turns.discard(session_id)
+
     def turn_free(self, session_id: str) -> None:
         """A new turn (a chat, a retry) waits for the session's running reply:
         Conflict `reply_running` while any of its messages runs, here or (on a
-        shared stream, as the tail brought it) on another worker."""
+        shared stream, as the tail brought it) on another worker, or while
+        another turn of it is being started here."""
+        if session_id in self.turns:
+            raise Conflict("reply_running", f"a turn is starting in session {session_id}: send when its "
+                                                "reply has ended")
         meta = self.registry.get(session_id)
         if meta is None or not meta.open_msgs or self.failure() is not None:
             return  # (a failed store: the write says store_broken)
@@ -87,14 +103,14 @@ class Replies:
                                             "when it has ended")
 
     async def reserve_reply(self, session_id: str) -> str | None:
-        """On a shared stream, a reply's id with its lease taken (before
-        anything of the turn is written: a chat's reply that could not start
+        """On a shared stream, a turn's reply id with its lease and the
+        session's turn taken (before anything of the turn is written: a chat's reply that could not start
         would leave its user's message alone); `reply_released` gives it up if
         the reply does not start. None on the local store (nothing to take)."""
         if self.worker is None:
             return None
         msg_id = new_session_id()
-        await self.worker.reply_starting(session_id, msg_id)
+        await self.worker.reply_starting(session_id, msg_id, turn=True)
         return msg_id
 
     async def reply_released(self, session_id: str, msg_id: str | None) -> None:
@@ -172,7 +188,14 @@ class Replies:
             raise
         finally:
             with trio.CancelScope(shield=True):
-                await self._finalize(msg, status, error=error, reason=reason)
+                try:
+                    await self._finalize(msg, status, error=error, reason=reason)
+                finally:
+                    # Its lease goes however it ended (finalized here or
+                    # elsewhere, its session deleted, its lease lapsed or
+                    # taken: a release of one no longer held is quiet).
+                    if self.worker is not None:
+                        await self.worker.reply_ended(msg.session_id, msg.msg_id)
 
     async def _finalize(self, msg: InflightMessage, status: str, *, error: str | None = None,
                         reason: str | None = None) -> None:
@@ -192,8 +215,6 @@ class Replies:
                 msg_id=msg.msg_id, status=status, error=error, aborted_reason=reason, tokens=tokens)))  # type: ignore[arg-type]
         except MessageFinished:
             pass  # another worker's finalize came first (a stop, a sweep): that one stands
-        if self.worker is not None:
-            await self.worker.reply_ended(msg.session_id, msg.msg_id)
         if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
             self._after_reply(msg.session_id)
 
@@ -309,7 +330,9 @@ class Replies:
         m = state.messages.get(msg_id)
         if m is not None and m.status in TERMINAL_STATUSES and m.seq > self.es.durable_seq(session_id):
             await self.es.wait_durable(session_id, m.seq)  # terminal states are shown once durable
-            m = state.messages.get(msg_id)
+            # (as the log then holds it: on a shared stream a rebase meanwhile
+            # may have replaced the loaded state and dropped this finalize)
+            m = (await self.load_session(session_id)).messages.get(msg_id)
         if m is None:
             raise NotFound("unknown_message", f"unknown message {msg_id!r}")
         if have < 0 or have > len(m.content):

@@ -31,9 +31,11 @@ class SharedLog(Protocol):
         """What it counts, for /metrics: (kind "counter" or "gauge", name, help, value)."""
 
     # -- replies streamed here ------------------------------------------------
-    async def reply_starting(self, sid: str, msg_id: str) -> None:
+    async def reply_starting(self, sid: str, msg_id: str, turn: bool = False) -> None:
         """Before a reply's placeholder is written: take its ownership (raises
-        when another worker holds it, or the log does not answer)."""
+        when another worker holds it, or the log does not answer); with
+        `turn`, the session's turn too (Conflict `reply_running` while
+        another turn's reply runs on any worker), given up when it ends."""
     async def reply_ended(self, sid: str, msg_id: str) -> None:
         """After a reply's finalize (or a failed start): give its ownership up."""
     def stop_pending(self, sid: str, msg_id: str) -> bool:

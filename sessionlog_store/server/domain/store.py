@@ -78,6 +78,7 @@ class SessionStore(Replies):
         self.scoped_watchers: list[ScopedWatcher] = []  # told whose session changed too (the server)
         self.feed = ChangeFeed()
         self._creating: set[str] = set()
+        self.turns: set[str] = set()
         self._row_before: dict[str, SessionMeta] = {}
         self.recovery: RecoveryReport | None = None
         self.removed_at_start: list[tuple[str, str]] = []

@@ -410,8 +410,17 @@ class Connection:
             case p.Retry(session_id=sid, msg_id=mid):
                 self.own(sid)
                 target = await store.retry_target(sid, mid)
-                store.turn_free(sid)
-                reply_id = await self.server.start_reply(sid, target.parent_id or "", user)  # "": at the root
+                store.claim_turn(sid)
+                try:
+                    reserved = await store.reserve_reply(sid)  # (a shared stream: the turn across workers)
+                    try:
+                        reply_id = await self.server.start_reply(sid, target.parent_id or "", user,  # "": root
+                                                                 reply_id=reserved)
+                    except BaseException:
+                        await store.reply_released(sid, reserved)
+                        raise
+                finally:
+                    store.end_turn(sid)
                 self.reply("retry_started", {"session_id": sid, "retried": mid, "reply_id": reply_id}, rid)
             case p.RenameSession(session_id=sid, title=title, regenerate=regen):
                 self.own(sid)
@@ -474,11 +483,12 @@ class Connection:
             raise ServiceError("bad_field", "a chat message must not be empty")
         user, quotas = self.principal.user, self.server.quotas
         quotas.start_reply(user)  # reserved before the user's message is written; the reply gives it back
-        sid, reply_id = r.session_id, None
+        sid, reply_id, claimed = r.session_id, None, False
         try:
             if sid is not None:
                 self.own(sid)
-                store.turn_free(sid)
+                store.claim_turn(sid)
+                claimed = True
             else:
                 sid = new_session_id()
             # On a shared stream, the reply's lease first (an election: refused, nothing written)
@@ -494,6 +504,8 @@ class Connection:
                 msg_id = await store.append_message(sid, r.content)
         except BaseException:
             quotas.end_reply(user)
+            if claimed and sid is not None:
+                store.end_turn(sid)
             if sid is not None:
                 await store.reply_released(sid, reply_id)
             raise
@@ -504,6 +516,9 @@ class Connection:
         except BaseException:
             await store.reply_released(sid, reply_id)  # (a reply that never started: its lease goes)
             raise
+        finally:
+            if claimed:
+                store.end_turn(sid)  # (its placeholder is written: the running reply holds the turn now)
         self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
 
     async def subscribe(self, r: p.SubscribeMsg) -> Subscription:

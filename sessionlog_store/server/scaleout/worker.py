@@ -38,13 +38,14 @@ from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized
                                                 SessionDeleted)
 from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog
 from sessionlog_store.eventstore.jetstream.objects import StreamObjects, first_stream_seq, stream_facts, subject_from
-from sessionlog_store.eventstore.jetstream.leases import REASON, LeaseTaken, Leases, lease_key
+from sessionlog_store.eventstore.jetstream.leases import REASON, TURN, LeaseTaken, Leases, lease_key
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.record import scan, with_ends
+from sessionlog_store.projections.lifecycle import TERMINAL_STATUSES
 from sessionlog_store.projections.recovery import fold_until
 from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_snapshot, encode_snapshot)
 from sessionlog_store.projections.session import SessionState
-from sessionlog_store.server.domain.errors import ServiceError
+from sessionlog_store.server.domain.errors import Conflict, ServiceError
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sessionlog.worker")
 # How soon a lease renewal that got no answer is tried again (seconds).
-RENEW_RETRY: Final = 1.0
+RENEW_RETRY: Final = 0.5
 
 CHECKPOINT_NAME = "registry"  # the registry checkpoint's object in the stream's cache bucket
 # A session's snapshot is written when its lines grew this much since the
@@ -91,6 +92,7 @@ class Worker:
         self.checkpoints = checkpoints or Checkpoints(None)
         self.stops = StopRequests(es)
         self._stops_pending: set[tuple[str, str]] = set()
+        self._turn_of: dict[str, str] = {}  # session -> the reply holding its turn (a chat's, a retry's)
         self.swept = leases.finalized            # replies this worker's sweeper finalized (as it does)
         self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
         self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
@@ -363,11 +365,13 @@ class Worker:
 
     def stream_end(self, sid: str, update: MsgUpdate) -> MsgUpdate:
         """The terminal update to tell, now that its finalize is durable: the
-        stream's, when another worker's finalize came first (a rebase dropped
-        this one)."""
+        message as the stream holds it (the loaded state is the stream's: a
+        rebase folded it again). Another worker's finalize may have come
+        first and a rebase dropped this one with its last text, with the same
+        status or another: what is told is the stream's text, status and seq."""
         state = self.store.states.get(sid)
         m = state.messages.get(update.msg_id) if state is not None else None
-        if m is None or m.status == update.status:
+        if m is None or m.status not in TERMINAL_STATUSES:
             return update
         return msgspec.structs.replace(update, status=m.status, content_delta=m.content, error=m.error,
                                        tokens=m.tokens, aborted_reason=m.metadata.get("aborted_reason"), seq=m.seq)
@@ -426,18 +430,43 @@ class Worker:
 
     # -- leases -------------------------------------------------------------
 
-    async def reply_starting(self, sid: str, msg_id: str) -> None:
+    async def reply_starting(self, sid: str, msg_id: str, turn: bool = False) -> None:
+        """The reply's lease; with `turn` (a chat's or a retry's reply), the
+        session's turn first: one turn at a time across workers, held until
+        the reply ends (the tail may not have brought another worker's
+        placeholder yet, the bucket's compare-and-set decides)."""
         try:
-            await self.leases.acquire(sid, msg_id)
-        except LeaseTaken:
+            if turn:
+                try:
+                    await self.leases.acquire(sid, TURN)
+                except LeaseTaken:
+                    raise Conflict("reply_running", f"a reply is running in session {sid} (on another worker): "
+                                                    "stop it, or send when it has ended") from None
+                self._turn_of[sid] = msg_id
+            try:
+                await self.leases.acquire(sid, msg_id)
+            except BaseException:
+                if turn:
+                    await self._end_turn(sid, msg_id)
+                raise
+        except (LeaseTaken, Conflict):
             raise
         except Exception as e:
             log.warning("could not take the lease of reply %s: %s", lease_key(sid, msg_id), e)
             raise ServiceError("unavailable", "the stream's servers did not answer in time (a leader election, "
                                               "or too few nodes up); nothing was written, try again") from None
 
+    async def _end_turn(self, sid: str, msg_id: str) -> None:
+        if self._turn_of.get(sid) == msg_id:
+            del self._turn_of[sid]
+            try:
+                await self.leases.release(sid, TURN)
+            except Exception as e:  # noqa: BLE001 - it expires; a sweeper deletes it
+                log.warning("could not release the turn of session %s: %s", sid, e)
+
     async def reply_ended(self, sid: str, msg_id: str) -> None:
         self._stops_pending.discard((sid, msg_id))
+        await self._end_turn(sid, msg_id)
         try:
             await self.leases.release(sid, msg_id)
         except Exception as e:  # noqa: BLE001 - it expires; a sweeper finds the finalize and drops it
@@ -449,7 +478,7 @@ class Worker:
         """Every third of the leases' time to live, renew all of this worker's
         at once (replies still writing their placeholder included). A round
         that got no answer for some (a leader election, a reconnect) is
-        tried again after RENEW_RETRY, not a third of the time to live
+        tried again after RENEW_RETRY (half a second), not a third of the time to live
         later: two unanswered rounds at the full pace (each waits for its
         timeouts) were enough to let a live reply's lease lapse during one
         election on a busy machine."""
