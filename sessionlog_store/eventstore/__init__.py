@@ -11,7 +11,7 @@ from .backend import Appended as Appended
 from .backend import CommitStatistics as CommitStatistics
 from .local.commit import EventStore as EventStore
 from .local.commit import SyncMode as SyncMode
-from .local.commit import open_event_store as open_event_store
+from .local.opening import open_event_store as open_event_store
 from .errors import CorruptRecord as CorruptRecord
 from .errors import EventStoreError as EventStoreError
 from .errors import SessionlogError as SessionlogError

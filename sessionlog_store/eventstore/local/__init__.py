@@ -5,7 +5,8 @@ commit and the write-ahead journal.
   simulated disk), the root's lock, atomic writes.
 - log.py: the layout (`sessions/<id>/log.jsonl`), torn-tail repair, reads.
 - journal.py: the journal's frames, invariants and the start's write-back.
-- commit.py: EventStore, the committer (group commit) and its lifecycle.
+- commit.py: EventStore and its committer (group commit).
+- opening.py: opening a data root's store (lock, format, journal write-back) and closing it.
 - batch.py: a batch of lines, a session's log state, the write path's timing.
 - logfiles.py: the logs' open descriptors (an LRU), their writes and syncs.
 - segments.py: the journal's segment files.

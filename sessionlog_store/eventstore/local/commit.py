@@ -47,10 +47,8 @@ round's fdatasyncs, `remove()`); the journal's open segment under `io_lock`
 """
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, Literal
 
 import trio
@@ -61,14 +59,13 @@ from ..errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken
 from ..events import Event, SessionDeleted
 from ..record import Record, encode_record, scan
 from .batch import Batch, LogState, Timing
-from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps, lock_root
-from .journal import Entry, JournalRecovery, apply_journal, birth, born_of, encode_frame, journal_dir, log_born
-from .log import SESSIONS_DIR, create_log, log_path, read_log, remove_session_folder, session_dir
+from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps
+from .journal import Entry, JournalRecovery, birth, born_of, encode_frame, log_born
+from .log import create_log, log_path, read_log, remove_session_folder, session_dir
 from .logfiles import MAX_OPEN_LOGS, LogFiles, descriptor_budget
 from .logwriter import LogWriter
 from .rounds import JournalRounds
 from .segments import JournalSegments
-from .storeformat import stamp_format
 
 SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
 
@@ -416,7 +413,7 @@ class EventStore:
 
     # -- the committer ----------------------------------------------------
 
-    async def _run_shielded(self) -> None:
+    async def run(self) -> None:
         """The committer and (journal mode) the log writer, shielded; the store
         is stopped once both have finished what was appended."""
         try:
@@ -504,25 +501,25 @@ class EventStore:
         self.segments.append(batch.no, frame)
         self.timing.add("journal", time.perf_counter() - t0)
 
-    # -- lifecycle --------------------------------------------------------
+    # -- lifecycle (opening.py opens and closes the store) -----------------
 
-    def _prepare_sync(self) -> None:
-        """Before anything reads a log: the folders, and the journal a crash
-        left re-applied to the logs (whatever this store's sync_mode). First
-        the root's format: a newer build's root is refused before any read."""
-        fs = self.fs
-        stamp_format(fs, self.root)
-        fs.makedirs(os.path.join(self.root, SESSIONS_DIR))
-        fs.fsync_dir(os.path.join(self.root, SESSIONS_DIR))
-        self.journal_recovery = apply_journal(fs, self.root)
-        if self.journal:
-            fs.makedirs(journal_dir(self.root))
-            fs.fsync_dir(journal_dir(self.root))
-        fs.fsync_dir(self.root)
-
-    def _close_sync(self) -> None:
+    def release(self) -> None:
+        """In a worker thread, at the end: the journal's segment and every log
+        descriptor closed."""
         self.segments.close(self._committed_no)
         self.files.close_all()
+
+    async def stop(self) -> None:
+        """Accept nothing more, let the committer and the log writer finish
+        what was appended, then the journal's last round (a clean stop leaves
+        the logs synced and no journal). Call it shielded."""
+        self._closing = True
+        self._wake.set()
+        await self._stopped.wait()
+        self._closed = True
+        self.rounds.scope.cancel()
+        if self.journal:
+            await self.rounds.round()
 
     @property
     def bytes_appended(self) -> int:
@@ -541,53 +538,6 @@ class EventStore:
     @property
     def broken(self) -> BaseException | None:
         return self._broken
-
-
-@asynccontextmanager
-async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
-                           max_open: int = MAX_OPEN_LOGS,
-                           journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> AsyncIterator[EventStore]:
-    """Open the store's write side; the committer runs until the block exits,
-    and everything appended inside the block is committed before it does.
-
-    The committer is shielded from cancellation: a cancel of the caller's scope
-    (a stop signal, a timeout around the block) must not stop the one task that
-    makes the shielded finalizes of the shutdown durable. It ends when the
-    block is left, after the last batch. Closing descriptors and the root lock
-    is shielded too, so a cancelled exit never leaks them.
-    """
-    store = EventStore(root, fs=fs, sync_mode=sync_mode, max_open=max_open,
-                       journal_sync_interval=journal_sync_interval)
-    lock_fd = lock_root(root)
-    try:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(store._prepare_sync)
-        await trio.lowlevel.checkpoint_if_cancelled()
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(store._close_sync)
-        os.close(lock_fd)
-        raise
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(store._run_shielded)
-            if store.journal:
-                nursery.start_soon(store.rounds.loop)
-            try:
-                yield store
-            finally:
-                with trio.CancelScope(shield=True):
-                    store._closing = True
-                    store._wake.set()
-                    await store._stopped.wait()
-                    store._closed = True
-                    store.rounds.scope.cancel()
-                    if store.journal:
-                        await store.rounds.round()  # a clean stop leaves the logs synced, no journal
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(store._close_sync)
-        os.close(lock_fd)
 
 
 if TYPE_CHECKING:
