@@ -81,3 +81,34 @@ async def test_a_reply_finished_before_its_worker_died_stays_as_it_ended(nats_cl
         lb = await Leases.open(b, ttl=5, skew=0.1)
         assert await lb.sweep() == []
         assert [f.status for f in finalizes(await b.adopt("s1"), "m1")] == ["done"]
+
+
+async def test_a_lease_made_by_a_try_whose_answer_came_late_gets_a_fresh_deadline(nats_cluster):
+    """A try of `acquire` made the entry but its answer was lost after a long
+    wait (an election); the next try finds the entry its own, with the first
+    try's deadline, by now mostly spent: it moves the deadline on before the
+    reply starts, instead of starting it with a lease about to lapse."""
+    import asyncio
+    import time
+
+    import nats.errors
+
+    from sessionlog_store.eventstore.jetstream.leases import Leases, lease_key
+    async with opened(nats_cluster, "LEASE9") as a:
+        la = await Leases.open(a, ttl=2.0, skew=0.1)
+        await start_reply(a, "s9", "m9")
+        real, calls = la.kv.create, [0]
+
+        async def create(key, value):  # type: ignore[no-untyped-def]
+            calls[0] += 1
+            rev = await real(key, value)
+            if calls[0] == 1:
+                await asyncio.sleep(1.5)  # the answer comes too late: the caller gave up on it
+                raise nats.errors.TimeoutError
+            return rev
+        la.kv.create = create
+        await la.acquire("s9", "m9")
+        key = lease_key("s9", "m9")
+        entry = await a.bridge.run(lambda: la.kv.get(key))
+        assert calls[0] == 2 and entry.revision == la._revisions[key] and entry.revision > 1, "renewed once adopted"
+        assert la._expires[key] > time.time() + 1.0 and not la.lapsed("s9", "m9")

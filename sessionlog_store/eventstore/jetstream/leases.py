@@ -145,9 +145,15 @@ class Leases:
                 if type(e).__name__ == "KeyWrongLastSequenceError":
                     if unanswered_before:
                         entry = await run(lambda: kv.get(key))
-                        if entry.value and _DECODE.decode(entry.value).worker == self.worker:
-                            self._revisions[key] = entry.revision
-                            self._expires[key] = _DECODE.decode(entry.value).expires
+                        held = _DECODE.decode(entry.value) if entry.value else None
+                        if held is not None and held.worker == self.worker:
+                            # An earlier try made it, maybe long ago (an election
+                            # outlasted its answer): its deadline moved on first.
+                            rev, expires = entry.revision, held.expires
+                            if expires < time.time() + self.ttl / 2:
+                                value, expires = self._value()
+                                rev = await run(lambda: kv.update(key, value, last=entry.revision))
+                            self._revisions[key], self._expires[key] = rev, expires
                             return
                     raise LeaseTaken(key) from None
                 if not unanswered(e) or time.monotonic() > deadline:

@@ -62,10 +62,9 @@ from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SessionExi
                      UnknownSession)
 from ..events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
 from ..ids import validate_session_id
-from ..record import scan, with_ends
 from .natsio import (DIRECT_GETS, PING_INTERVAL, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream, publish_answered,
                      read_subject, split_by_size, unanswered)
-from ..record import Record, decode_record, encode_record
+from ..record import Record, decode_record, encode_record, scan, with_ends
 from .session import StreamSession
 
 

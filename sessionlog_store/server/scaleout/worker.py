@@ -478,8 +478,8 @@ class Worker:
         """Every third of the leases' time to live, renew all of this worker's
         at once (replies still writing their placeholder included). A round
         that got no answer for some (a leader election, a reconnect) is
-        tried again after RENEW_RETRY (half a second), not a third of the time to live
-        later: two unanswered rounds at the full pace (each waits for its
+        tried again after RENEW_RETRY (half a second), not a third of the
+        time to live later: two unanswered rounds at the full pace (each waits for its
         timeouts) were enough to let a live reply's lease lapse during one
         election on a busy machine."""
         pause = self.leases.ttl / 3
@@ -505,6 +505,9 @@ class Worker:
                 if held is not False:
                     continue
                 sid, msg_id = key.split(".", 1)
+                if msg_id == TURN:  # (a turn's lease swept after a pause: its reply's own lease decides)
+                    self._turn_of.pop(sid, None)
+                    continue
                 msg = self.store.saver.active.get((sid, msg_id))
                 log.error("reply %s: its lease was taken by another worker; it stops here", key)
                 self.lost.append((sid, msg_id))
