@@ -304,18 +304,11 @@ async def test_a_client_is_told_only_what_the_stream_holds(nats_cluster, tmp_pat
     the rebase dropped it. On a shared stream an update is told once the
     stream holds it, at the seq it holds it. The window is widened on
     purpose: a's publishes wait while b writes the finalize."""
-    from .test_workers import until, worker
+    from .test_workers import gate_crossings, until, worker
     async with worker(nats_cluster, tmp_path, "a", "PAUSE5") as a, worker(nats_cluster, tmp_path, "b", "PAUSE5") as b:
         meta, _ = await a.create_session(first_message="go")
         sid = meta.id
-        crossing, opened = a.es.bridge.run, trio.Event()
-        held = [False]
-
-        async def gated(fn):  # type: ignore[no-untyped-def]
-            if held[0]:
-                await opened.wait()
-            return await crossing(fn)
-        a.es.bridge.run = gated  # type: ignore[method-assign]
+        gate = gate_crossings(a)
         got: list[Any] = []
         box: dict[str, Any] = {}
 
@@ -336,13 +329,13 @@ async def test_a_client_is_told_only_what_the_stream_holds(nats_cluster, tmp_pat
             n.start_soon(follow)
             await until(lambda: any("stored" in u.content_delta for u in got))
             mid = box["mid"]
-            held[0] = True
+            gate["held"] = True
             a.saver.active[(sid, mid)].write("NEVER ON THE STREAM")
             await until(lambda: a.es.last_seq(sid) > a.es.durable_seq(sid))  # appended, its publish waiting
             await until(lambda: sid in b.registry and mid in b.registry.get(sid).open_msgs)
             await b.finalize_message(sid, mid, "aborted", reason="stopped by user")
-            opened.set()
-            held[0] = False
+            gate["opened"].set()
+            gate["held"] = False
         records = await b.es.read(sid)
         [fin] = [r for r in records if isinstance(r.event, MessageFinalized)]
         stored = "".join(r.event.content_delta for r in records

@@ -20,25 +20,11 @@ from sessionlog_store.server.edge.client import ServerError, open_client
 
 from .nats_cluster import NatsCluster, _free_ports
 from .test_scaleout import TOKEN, Worker
-from .test_workers import until, worker
+from .test_workers import gate_crossings, until, worker
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
 
 TERMINAL = ("done", "error", "aborted")
-
-
-def _gate(store: Any) -> dict[str, Any]:
-    """Hold the store's NATS crossings (its publishes among them) while
-    gate["held"]; gate["opened"].set() lets them go."""
-    crossing = store.es.bridge.run
-    gate: dict[str, Any] = {"held": False, "opened": trio.Event()}
-
-    async def gated(fn):  # type: ignore[no-untyped-def]
-        if gate["held"]:
-            await gate["opened"].wait()
-        return await crossing(fn)
-    store.es.bridge.run = gated
-    return gate
 
 
 def _text(updates: list[Any]) -> str:
@@ -69,7 +55,7 @@ async def test_f1_own_finalize_dropped_by_a_rebase_tells_the_streams_end(nats_cl
     terminal reaches the subscriber first is trio's choice (two tasks woken
     together), so a few rounds are run."""
     async with worker(nats_cluster, tmp_path, "a", "R25F1") as a, worker(nats_cluster, tmp_path, "b", "R25F1") as b:
-        gate = _gate(a)
+        gate = gate_crossings(a)
         bad: list[Any] = []
         async def one_round(rnd: int) -> dict[str, Any] | None:
             meta, _ = await a.create_session(first_message=f"go {rnd}")
@@ -339,7 +325,7 @@ async def test_f5_a_rebase_read_during_a_leader_pause_does_not_fail_the_store(tm
                         paused.remove(proc.pid)
                 return await read(session_id)
             a.es._messages = read_in_a_pause
-            gate = _gate(a)
+            gate = gate_crossings(a)
             gate["held"] = True
             a.es.append_nowait(sid, SessionRenamed(title="renamed on a"))
             await b.rename_session(sid, "renamed on b")  # stored first: a's publish conflicts

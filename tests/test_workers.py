@@ -35,6 +35,21 @@ async def until(pred, within: float = 15.0) -> None:  # type: ignore[no-untyped-
             await trio.sleep(0.02)
 
 
+def gate_crossings(store: Any) -> dict[str, Any]:
+    """Hold a worker's NATS crossings (its publishes among them) while
+    gate["held"]; gate["opened"].set() lets them go: a window widened on
+    purpose, the stream never told of what waits."""
+    crossing = store.es.bridge.run
+    gate: dict[str, Any] = {"held": False, "opened": trio.Event()}
+
+    async def gated(fn):  # type: ignore[no-untyped-def]
+        if gate["held"]:
+            await gate["opened"].wait()
+        return await crossing(fn)
+    store.es.bridge.run = gated
+    return gate
+
+
 async def test_a_session_made_on_one_worker_is_everyones(nats_cluster, tmp_path):
     async with worker(nats_cluster, tmp_path, "a", "W1") as a, worker(nats_cluster, tmp_path, "b", "W1") as b:
         pushed: list[tuple[str, dict[str, Any]]] = []

@@ -6,8 +6,8 @@ monitoring endpoint (`/varz`) must say it fsyncs before it acknowledges
 A start needs a quorum of the monitors given (a majority) to answer, each
 of those synced; it waits, saying so, while fewer answer (the cluster's
 quorum holds with one node of three down, and so does the worker's start).
-A server that did not answer at the start is checked again while the
-worker serves, and one that then answers unsynced stops the worker.
+Every server is checked again while the worker serves (one down at the
+start, or one restarted since), and one that answers unsynced stops it.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 # How often a start checks again while fewer than a quorum answer, and how
-# often a serving worker checks the servers that did not answer at its start.
+# often a serving worker checks every server again.
 RECHECK: Final = 1.0
 LATE_RECHECK: Final = 5.0
 
