@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from sessionlog_store.server.domain.store import SessionStore
 
 log = logging.getLogger("sessionlog.worker")
+# How long a new turn waits for an ended reply's worker to give the turn up (seconds).
+TURN_WAIT: Final = 3.0
 # How soon a lease renewal that got no answer is tried again (seconds).
 RENEW_RETRY: Final = 0.5
 
@@ -437,11 +439,7 @@ class Worker:
         placeholder yet, the bucket's compare-and-set decides)."""
         try:
             if turn:
-                try:
-                    await self.leases.acquire(sid, TURN)
-                except LeaseTaken:
-                    raise Conflict("reply_running", f"a reply is running in session {sid} (on another worker): "
-                                                    "stop it, or send when it has ended") from None
+                await self._take_turn(sid)
                 self._turn_of[sid] = msg_id
             try:
                 await self.leases.acquire(sid, msg_id)
@@ -455,6 +453,24 @@ class Worker:
             log.warning("could not take the lease of reply %s: %s", lease_key(sid, msg_id), e)
             raise ServiceError("unavailable", "the stream's servers did not answer in time (a leader election, "
                                               "or too few nodes up); nothing was written, try again") from None
+
+    async def _take_turn(self, sid: str) -> None:
+        """The session's turn, or Conflict `reply_running`. A turn whose reply
+        has ended on the stream (this worker's tail shows nothing running)
+        but whose holder has not given it up yet (it does right after its
+        finalize is durable) is waited for, up to TURN_WAIT: a client told
+        "done" that sends at once is not refused for that moment."""
+        deadline = trio.current_time() + TURN_WAIT
+        while True:
+            try:
+                await self.leases.acquire(sid, TURN)
+                return
+            except LeaseTaken:
+                meta = self.store.registry.get(sid)
+                if (meta is not None and meta.open_msgs) or trio.current_time() > deadline:
+                    raise Conflict("reply_running", f"a reply is running in session {sid} (on another worker): "
+                                                    "stop it, or send when it has ended") from None
+            await trio.sleep(0.05)
 
     async def _end_turn(self, sid: str, msg_id: str) -> None:
         if self._turn_of.get(sid) == msg_id:
