@@ -107,7 +107,7 @@ class Leases:
         # (nats-py's connection behind the log's context: a second context on
         # it, with a timeout of its own, for the renewals)
         fast = js._nc.jetstream(timeout=renew_timeout(ttl))
-        renew_kv = await log.bridge.run(lambda: fast.key_value(name))
+        renew_kv = await log.bridge.run(lambda: until_led(fast, f"KV_{name}", lambda: fast.key_value(name)))
         return cls(log, kv, ttl, skew, renew_kv)
 
     @staticmethod
