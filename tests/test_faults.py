@@ -135,7 +135,7 @@ async def test_a_failed_checkpoint_is_logged_and_the_store_goes_on(root, site, e
     async with open_session_store(root, fs=fs, config=CONFIG) as store:
         meta, _ = await store.create_session(first_message="hi")
         fs.armed = True
-        await store.caches.write(store.write_checkpoint)
+        await store.keeper.caches.write(store.write_checkpoint)  # type: ignore[attr-defined]
         assert fs.failed >= 1 and "writing a checkpoint failed" in caplog.text
         fs.armed = False
         await store.append_message(meta.id, "the log still works")

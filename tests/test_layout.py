@@ -24,12 +24,18 @@ FORBIDDEN = {
     "eventstore/local": ("sessionlog_store.eventstore.jetstream", "nats"),
     "eventstore/jetstream": ("sessionlog_store.eventstore.local",),
     "projections": ("sessionlog_store.server",),
-    # the domain names no backend's worker: a shared log's is server/scaleout/'s (domain/sharing.py)
+    # the domain names no backend: it talks to its log through eventstore/backend.py, to
+    # what is kept beside it through domain/keeping.py (server/local/, server/scaleout/)
     "server/domain": ("sessionlog_store.server.edge", "sessionlog_store.server.agents",
                       "sessionlog_store.server.run", "sessionlog_store.server.cli", "sessionlog_store.server.scaleout",
-                      "sessionlog_store.server.stores", "sessionlog_store.eventstore.jetstream"),
+                      "sessionlog_store.server.local", "sessionlog_store.server.stores",
+                      "sessionlog_store.eventstore.jetstream", "sessionlog_store.eventstore.local"),
+    "server/local": ("sessionlog_store.server.edge", "sessionlog_store.server.agents",
+                     "sessionlog_store.server.run", "sessionlog_store.server.cli", "sessionlog_store.server.stores",
+                     "sessionlog_store.server.scaleout", "sessionlog_store.eventstore.jetstream"),
     "server/scaleout": ("sessionlog_store.server.edge", "sessionlog_store.server.agents",
-                        "sessionlog_store.server.run", "sessionlog_store.server.cli", "sessionlog_store.server.stores"),
+                        "sessionlog_store.server.run", "sessionlog_store.server.cli", "sessionlog_store.server.stores",
+                        "sessionlog_store.server.local"),
     "server/agents": ("sessionlog_store.server.edge", "sessionlog_store.server.run", "sessionlog_store.server.cli"),
     "server/edge": ("sessionlog_store.server.run", "sessionlog_store.server.cli",
                     "sessionlog_store.server.agents.demo", "sessionlog_store.server.agents.openai_compat"),
@@ -73,6 +79,29 @@ def test_the_contract_and_shared_modules_import_no_backend():
     bad = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted((PKG / "eventstore").glob("*.py"))
            if path.name != "__init__.py" for name in _imports(path)
            if name.startswith(("sessionlog_store.eventstore.local", "sessionlog_store.eventstore.jetstream"))]
+    assert not bad, "\n".join(bad)
+
+
+# The one name of a backend the domain may hold: its config carries each
+# backend's options, as the CLI's flags do (the local engine's sync mode).
+DOMAIN_MAY_NAME = {("server/domain/config.py", "SyncMode")}
+
+
+def test_the_domain_names_nothing_of_a_backend_through_the_layers_front():
+    """`from sessionlog_store.eventstore import X` in the domain: X is the
+    contract's, an event's, a record's, an error's or an id's, never a name
+    the package's __init__ takes from local/ or jetstream/."""
+    front = {a.asname or a.name: node.module for node in ast.parse((PKG / "eventstore" / "__init__.py").read_text()).body
+             if isinstance(node, ast.ImportFrom) for a in node.names}  # name -> the module it comes from
+    bad = []
+    for path in sorted((PKG / "server" / "domain").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "sessionlog_store.eventstore":
+                for a in node.names:
+                    home = front.get(a.name) or ""
+                    if home.startswith(("local", "jetstream")) \
+                            and (str(path.relative_to(PKG)), a.name) not in DOMAIN_MAY_NAME:
+                        bad.append(f"{path.relative_to(ROOT)} names {a.name} ({home})")
     assert not bad, "\n".join(bad)
 
 

@@ -142,7 +142,7 @@ async def test_a_session_quarantined_mid_stream_ends_its_subscriptions(root):
             await started.wait()
             sub = await store.subscribe(ids[0], store._test_msg.msg_id)  # type: ignore[attr-defined]
             flip(log_path(root, ids[0]), b"first 0")
-            store.prefix_check.unchecked[ids[0]] = None
+            store.keeper.prefix_check.unchecked[ids[0]] = None  # type: ignore[attr-defined]
             assert await store.check_logs() == 1
             statuses = []
             with trio.fail_after(10):

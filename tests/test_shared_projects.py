@@ -72,4 +72,4 @@ async def test_two_workers_making_one_folder_a_project_at_once_make_one(nats_clu
             assert len(made) == 1 and len(refused) == 1, results
             assert refused[0].code == "path_in_use"
             await until(lambda: all(len([p for p in w.list_projects("ann") if p.path == path]) == 1 for w in (a, b)))
-        assert a.projects.shared.seq == b.projects.shared.seq == 5
+        assert a.projects.log.seq == b.projects.log.seq == 5

@@ -24,16 +24,17 @@ The semantics, in short:
   The local log has one writer (its flock) and never calls them.
 - A failed write or sync is fatal: `broken()` says why, every later write
   raises `StoreBroken`, `failure_listeners` are told once.
-Not yet in the contract (the local store's startup reads its files itself:
-domain/startup.py, projections/recovery.py): reopening, and tailing every
-session from a position across processes.
+Not in the contract: opening and reopening (the local engine's start reads
+its files itself, server/local/; a worker's replays its stream,
+server/scaleout/), and what a store keeps beside its log (its checkpoints
+and reads: server/domain/keeping.py's Keeper, one per backend).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from .errors import CorruptRecord
+from .errors import CorruptRecord, TornTail
 from .events import Event
 from .record import Record
 
@@ -59,6 +60,7 @@ RecordListener = Callable[[str, Record, int], None]  # (session id, record, its 
 
 class EventLog(Protocol):
     listeners: list[RecordListener]
+    append_listeners: list[Callable[[str], None]]  # (session id) after an append's records were told
     reset_listeners: list[Callable[[str, list[Record], int], None]]
     failure_listeners: list[Callable[[BaseException], None]]
     quarantined: set[str]  # sessions read-only for damage (kept as it changes: a scrape counts it)
@@ -67,6 +69,10 @@ class EventLog(Protocol):
     def session_ids(self) -> list[str]: ...
     def last_seq(self, session_id: str) -> int: ...
     def durable_seq(self, session_id: str) -> int: ...
+    def written_seq(self, session_id: str) -> int: ...  # the last seq in the log's own file (or stream)
+    def durable_end(self, session_id: str) -> int: ...  # the byte offset past the durable records
+    def unwritten(self, session_id: str) -> bytes: ...  # acknowledged lines only a journal holds
+    def quarantine(self, session_id: str, corrupt: CorruptRecord) -> None: ...
     def corruption(self, session_id: str) -> CorruptRecord | None: ...
     @property
     def broken(self) -> BaseException | None: ...
@@ -80,12 +86,20 @@ class EventLog(Protocol):
     async def remove(self, session_id: str) -> None: ...
 
 
-class SharedProjectLog(Protocol):
-    """The project registry's log when several writers share it (a worker's
-    on a shared stream): `listeners` see every writer's records once each,
-    in order; `append` is durable on return and raises ProjectsMoved if
-    another writer appended since this one caught up."""
+class ProjectLog(Protocol):
+    """The project registry's log. `catch_up` returns the records not yet
+    returned (its first call: all of them); `append` is durable on return
+    and, when several writers share the log (workers on a shared stream),
+    raises ProjectsMoved if another appended since this one caught up; their
+    records reach `listeners` once each, in order. A log with one writer
+    (the local engine's) never tells its listeners. `torn` (a torn last line
+    cut at load), `damage` (the log read-only before its end) and `broken`
+    (a failed write: every later append raises StoreBroken) are None where
+    they cannot happen."""
     listeners: list[Callable[[list[Record]], None]]
+    torn: TornTail | None
+    damage: CorruptRecord | None
+    broken: OSError | None
 
     async def catch_up(self) -> list[Record]: ...
     async def append(self, event: Event) -> Record: ...

@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.server.domain.config import StoreConfig
-from sessionlog_store.server.domain.store import SessionStore, open_local_store
+from sessionlog_store.server.domain.store import SessionStore
+from sessionlog_store.server.local.opening import open_local_store
 from sessionlog_store.server.domain.titles import TitleGenerator
 from sessionlog_store.server.scaleout.opening import open_worker_store
 
@@ -23,7 +24,7 @@ async def open_session_store(root: str, *, config: StoreConfig | None = None, fs
     config = config or StoreConfig()
     if config.backend:
 
-        async with open_worker_store(root, config, fs=fs, titler=titler) as store:
+        async with open_worker_store(root, config, titler=titler) as store:
             yield store
         return
     async with open_local_store(root, config=config, fs=fs, titler=titler) as store:

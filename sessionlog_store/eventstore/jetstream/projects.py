@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ProjectsMoved
+from ..errors import CorruptRecord, ProjectsMoved, TornTail
 from ..events import Event
 from ..record import scan
 from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered, read_subject
@@ -34,6 +34,9 @@ class StreamProjectLog:
         self.stream_seq = 0   # the stream sequence of the subject's last message (the fence)
         # Another worker's records (from the tail, in order).
         self.listeners: list[Callable[[list[Record]], None]] = []
+        self.torn: TornTail | None = None        # (a stream has no torn line,
+        self.damage: CorruptRecord | None = None  # no damage it would serve
+        self.broken: OSError | None = None       # and no write that breaks it)
         log.subject_listeners[PROJECTS] = self._take
 
     async def catch_up(self) -> list[Record]:

@@ -33,7 +33,7 @@ from sessionlog_store.eventstore.record import MAX_RECORD_BYTES
 log = logging.getLogger("sessionlog.inflight")
 
 if TYPE_CHECKING:
-    from sessionlog_store.eventstore.local.commit import EventStore
+    from sessionlog_store.eventstore.backend import EventLog as EventStore
 
 # spec/inflight-state.md: "throttled at ~250ms".
 PROGRESS_INTERVAL: Final = 0.250

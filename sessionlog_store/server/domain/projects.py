@@ -1,6 +1,7 @@
-"""The project registry: its own log (`<root>/projects/log.jsonl`; a worker
-on a shared stream: the stream's, eventstore/jetstream/projects.py), folded
-into id -> Project. The default project is the home directory; it is never
+"""The project registry: its own log (backend.ProjectLog: on the local engine
+`<root>/projects/log.jsonl`, eventstore/local/projects.py; a worker's on a
+shared stream, the stream's, eventstore/jetstream/projects.py), folded into
+id -> Project. The default project is the home directory; it is never
 stored, refuses to relocate, and its path is restored on every read.
 
 Every other project has an owner and is visible to that owner only; its
@@ -12,29 +13,23 @@ from __future__ import annotations
 
 import os
 import secrets
-import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
 import msgspec
 import trio
 
-from sessionlog_store.eventstore.errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
+from sessionlog_store.eventstore.backend import ProjectLog
+from sessionlog_store.eventstore.errors import CorruptRecord, ProjectsMoved, TornTail
 from sessionlog_store.eventstore.events import ProjectCreated, ProjectDeleted, ProjectMoved, ProjectOwnerChanged
-from sessionlog_store.eventstore.local.fsio import FileOps
-from sessionlog_store.eventstore.local.log import append_durable, project_log_path, repair_torn_tail
-from sessionlog_store.eventstore.record import scan
-from sessionlog_store.eventstore.record import Record, encode_record
-
-from sessionlog_store.eventstore.backend import SharedProjectLog
-from sessionlog_store.eventstore.errors import ProjectsMoved
+from sessionlog_store.eventstore.record import Record
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, ServiceError, unknown_project
 
 DEFAULT_PROJECT_ID: Final = "default"
 # The one answer for a project path that is not absolute, does not exist, is
 # not a directory, or lies (after symlinks) outside every project root.
-# A worker's append to the shared project log, refused this many times for
-# other workers' (each time caught up and checked again), gives up.
+# An append to a shared project log, refused this many times for other
+# workers' (each time caught up and checked again), gives up.
 SHARED_TRIES: Final = 20
 PATH_REFUSED: Final = "project folder refused: it must be an existing folder under a project root"
 ProjectEvent = ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted
@@ -58,13 +53,10 @@ class ProjectView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ProjectRegistry:
-    def __init__(self, fs: FileOps, root: str, home: str, roots: tuple[str, ...] = (),
-                 many_users: bool = False) -> None:
-        self.fs = fs
+    def __init__(self, root: str, home: str, roots: tuple[str, ...] = (), many_users: bool = False) -> None:
         # Never a project folder, nor anything under it: the data root (other
         # users' sessions live there; a project on one would tell it exists).
         self.data_root = os.path.realpath(root)
-        self.path = project_log_path(root)
         self.home = home
         # Folders a project may lie under (the home directory when none is given).
         self.roots = tuple(os.path.realpath(r) for r in (roots or (home,)))
@@ -72,35 +64,35 @@ class ProjectRegistry:
         # as "", and every refused path gets PATH_REFUSED.
         self.many_users = many_users
         self._projects: dict[str, Project] = {}
-        self._seq = 0
         self._lock = trio.Lock()
-        self.shared: SharedProjectLog | None = None  # a worker's: the stream's project log
-        self._broken: OSError | None = None
-        self.torn: TornTail | None = None
-        # Damage before the log's end: the projects up to it are served, the
-        # log is read-only until `sessionlog repair projects`.
-        self.damage: CorruptRecord | None = None
+        self.log: ProjectLog | None = None  # (set by load)
 
     @property
     def broken(self) -> OSError | None:
         """The failed write or sync of the project log, or None."""
-        return self._broken
+        return None if self.log is None else self.log.broken
 
-    def load_sync(self) -> None:
-        folder = os.path.dirname(self.path)
-        if not self.fs.exists(folder):
-            self.fs.makedirs(folder)
-            self.fs.fsync_dir(os.path.dirname(folder))  # the folder's name, durable in the root
-        if not self.fs.exists(self.path):
-            return
-        data = self.fs.read_bytes(self.path)
-        s = scan("projects", data, expect_seq=1)
-        self.damage = s.corrupt
-        if s.torn_bytes:
-            self.torn = repair_torn_tail(self.fs, self.path, "projects", data, s.good_end)
-        for rec in s.records:
+    @property
+    def torn(self) -> TornTail | None:
+        """The torn last line the load cut, or None."""
+        return None if self.log is None else self.log.torn
+
+    @property
+    def damage(self) -> CorruptRecord | None:
+        """Damage before the log's end: the projects up to it are served, the
+        log is read-only until `sessionlog repair projects`."""
+        return None if self.log is None else self.log.damage
+
+    async def load(self, log: ProjectLog) -> None:
+        """The projects as `log` holds them, kept up to date by what its
+        listeners are told (another writer's records on a shared stream)."""
+        self.log = log
+        self._take(await log.catch_up())
+        log.listeners.append(self._take)
+
+    def _take(self, records: Sequence[Record]) -> None:
+        for rec in records:
             self._apply(rec.event)
-            self._seq = rec.seq
 
     def _apply(self, ev: object) -> None:
         match ev:
@@ -146,57 +138,23 @@ class ProjectRegistry:
         p = self.get(project_id or DEFAULT_PROJECT_ID)
         return p.path if os.path.isdir(p.path) else None
 
-    async def load_shared(self, shared: SharedProjectLog) -> None:
-        """A worker on a shared stream: the projects are the stream's
-        (eventstore/jetstream/projects.py), every worker's, kept up to date by its tail."""
-        self.shared = shared
-        for rec in await shared.catch_up():
-            self._apply(rec.event)
-        shared.listeners.append(self._take_shared)
-
-    def _take_shared(self, records: Sequence[Record]) -> None:
-        for rec in records:
-            self._apply(rec.event)
-
-    async def _append(self, ev: ProjectEvent,
-                      check: Callable[[], None] | None = None) -> None:
-        """Append one record durably. `check` runs under the log's lock just
-        before the write (a check that must not race another writer; on a
-        shared stream, again after another worker's append came first)."""
+    async def _append(self, ev: ProjectEvent, check: Callable[[], None] | None = None) -> None:
+        """Append one record durably. `check` runs under the registry's lock
+        just before the write (a check that must not race another writer; on
+        a shared stream, again after another worker's append came first)."""
+        if self.log is None:
+            raise RuntimeError("the project registry is not loaded")
         async with self._lock:
-            if self.shared is not None:
-                return await self._append_shared(self.shared, ev, check)
-            if check is not None:
-                check()
-            if self.damage is not None:
-                raise SessionReadOnly(f"the project log is damaged ({self.damage}); projects are read-only "
-                                      "until `sessionlog repair projects`")
-            if self._broken is not None:
-                raise StoreBroken("the project log failed to write or sync; restart to recover") from self._broken
-            line = encode_record(self._seq + 1, time.time(), ev)
-            try:
-                await trio.to_thread.run_sync(append_durable, self.fs, self.path, line)
-            except OSError as e:
-                # Like the session logs: fatal and never retried (the line may be
-                # in the file already; a retry would repeat its seq).
-                self._broken = e
-                raise StoreBroken(f"writing the project log failed: {e}") from e
-            self._seq += 1
-            self._apply(ev)
-
-    async def _append_shared(self, shared: SharedProjectLog, ev: ProjectEvent,
-                             check: Callable[[], None] | None) -> None:
-        for _ in range(SHARED_TRIES):
-            if check is not None:
-                check()
-            try:
-                await shared.append(ev)
-            except ProjectsMoved:  # another worker's first: what it wrote, then the checks again
-                for rec in await shared.catch_up():
-                    self._apply(rec.event)
-                continue
-            self._apply(ev)
-            return
+            for _ in range(SHARED_TRIES):
+                if check is not None:
+                    check()
+                try:
+                    await self.log.append(ev)
+                except ProjectsMoved:  # another worker's first: what it wrote, then the checks again
+                    self._take(await self.log.catch_up())
+                    continue
+                self._apply(ev)
+                return
         raise ServiceError("unavailable", "other workers kept writing the project log; try again")
 
     async def create(self, name: str, path: str, owner: str = "", check: Callable[[], None] | None = None) -> Project:

@@ -26,7 +26,7 @@ from sessionlog_store.server.domain.inflight import InflightMessage, scrub_surro
 from sessionlog_store.server.domain.subscriptions import MsgUpdate, Subscription
 
 if TYPE_CHECKING:
-    from sessionlog_store.eventstore import Appended, EventStore, FileOps
+    from sessionlog_store.eventstore.backend import Appended, EventLog
     from sessionlog_store.projections.registry import Registry
     from sessionlog_store.server.domain.inflight import ThrottledSaver
     from sessionlog_store.server.domain.sharing import SharedLog
@@ -40,8 +40,7 @@ MAX_ERROR_CHARS: Final = 4000
 
 class Replies:
     """SessionStore's reply and branch operations; what they use of the store:"""
-    es: EventStore
-    fs: FileOps
+    es: EventLog
     root: str
     registry: Registry
     saver: ThrottledSaver
@@ -51,10 +50,9 @@ class Replies:
     turns: set[str]  # sessions whose new turn is being started here (claim_turn)
 
     if TYPE_CHECKING:
-        async def _log_bytes(self, session_id: str) -> bytes: ...
+        async def log_bytes(self, session_id: str) -> bytes: ...
         async def load_session(self, session_id: str) -> SessionState: ...
         async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
-        async def _flush_for_read(self) -> None: ...
         def notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None: ...
         def _after_reply(self, session_id: str) -> None: ...
         def failure(self) -> BaseException | None: ...
@@ -356,7 +354,7 @@ class Replies:
 
     async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
         """How long the message's content was as of `seq` (read from the log)."""
-        data = await self._log_bytes(session_id)
+        data = await self.log_bytes(session_id)
         state = fold_until(scan(session_id, data).records, data, seq)
         m = state.messages.get(msg_id)
         return len(m.content) if m is not None else 0

@@ -12,7 +12,6 @@ from its snapshot plus the log's tail). See docs/API.md.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,31 +20,29 @@ from typing import Any
 import msgspec
 import trio
 
-from sessionlog_store.eventstore import (OS_FILES, Appended, EventStore, EventStoreError, FileOps, Record, SessionExists,
-                                         SessionReadOnly, StoreBroken, UnknownSession, new_session_id,
-                                         open_event_store, validate_session_id)
-from sessionlog_store.eventstore.errors import CorruptRecord
+from sessionlog_store.eventstore.backend import Appended, EventLog
+from sessionlog_store.eventstore.errors import (CorruptRecord, EventStoreError, SessionExists, SessionReadOnly,
+                                                StoreBroken, UnknownSession)
+from sessionlog_store.eventstore.ids import new_session_id, validate_session_id
+from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.events import (Event, MessageCreated, MessageFinalized, MessageProgress,
                                                 ProjectBound, ProjectRelocated, SessionCreated, SessionDeleted,
                                                 SessionFlags, SessionRenamed)
-from sessionlog_store.eventstore.record import decode_record
-from sessionlog_store.eventstore.local.log import read_log
-from sessionlog_store.projections.recovery import RecoveryReport, load_session_state
+from sessionlog_store.projections.recovery import RecoveryReport
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
-from sessionlog_store.server.domain.caches import Caches
 from sessionlog_store.server.domain.config import StoreConfig
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound, unknown_session
 from sessionlog_store.server.domain.feed import ChangeFeed
 from sessionlog_store.server.domain.fields import FLAG_FIELDS, TITLE_FIELDS, UpdateFields, row_of, valid_kind
-from sessionlog_store.server.domain.inflight import SLOTS, ThrottledSaver
+from sessionlog_store.server.domain.inflight import ThrottledSaver
+from sessionlog_store.server.domain.keeping import Keeper
 from sessionlog_store.server.domain.projects import DEFAULT_PROJECT_ID, ProjectRegistry, ProjectView
 from sessionlog_store.server.domain.replies import Replies
 from sessionlog_store.server.domain.states import LoadedStates
-from sessionlog_store.server.domain.startup import PrefixCheck, recover, start
 from sessionlog_store.server.domain.sharing import SharedLog
 from sessionlog_store.server.domain.subscriptions import MsgUpdate, SubscriptionHub
-from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator, maybe_auto_title, recent_messages
+from sessionlog_store.server.domain.titles import TitleGenerator, maybe_auto_title, recent_messages
 
 log = logging.getLogger("sessionlog.store")
 
@@ -58,20 +55,23 @@ _FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"
 
 
 class SessionStore(Replies):
-    """Use `open_session_store()`."""
+    """Use `open_session_store()` (server/stores.py). Its collaborators come
+    from the backend's opener (server/local/opening.py, server/scaleout/
+    opening.py): the event log, the keeper (`keeper(store)`: what is kept
+    beside the log, domain/keeping.py), on a shared log its worker."""
 
-    def __init__(self, root: str, es: EventStore, fs: FileOps, config: StoreConfig,
-                 titler: TitleGenerator, *, registry: Registry | None = None) -> None:
+    def __init__(self, root: str, es: EventLog, config: StoreConfig, titler: TitleGenerator,
+                 keeper: Callable[[SessionStore], Keeper], *, registry: Registry | None = None,
+                 progress_slots: int = 1) -> None:
         self.root = root
         self.es = es
         self.worker: SharedLog | None = None  # on a shared stream (server/scaleout/)
-        self.fs = fs
         self.config = config
         self.titler = titler
         self.registry = registry if registry is not None else Registry()
-        self.projects = ProjectRegistry(fs, root, config.home, config.project_roots, config.many_users)
+        self.projects = ProjectRegistry(root, config.home, config.project_roots, config.many_users)
         self.hub = SubscriptionHub()
-        slots = config.progress_slots or (SLOTS if es.journal else 1)
+        slots = config.progress_slots or progress_slots
         self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, slots)
         es.failure_listeners.append(self._store_failed)
         self.watchers: list[Watcher] = []
@@ -84,10 +84,9 @@ class SessionStore(Replies):
         self.removed_at_start: list[tuple[str, str]] = []
         self.aborted_at_start: list[tuple[str, str]] = []
         self.states = LoadedStates()
-        self.caches = Caches(es, self.registry, self.states, fs, root, config)
         self._nursery: trio.Nursery | None = None
-        self.prefix_check = PrefixCheck(es, fs, root, self.quarantine)
-        self.checked = self.prefix_check.done  # the background check of the skipped log prefixes is done
+        self.keeper = keeper(self)
+        self.checked = self.keeper.checked  # what a start skipped reading is checked
         self.shutting_down = False
         self.publishing = 0  # terminal updates waiting for their record to be durable
         es.listeners.append(self._on_record)
@@ -123,11 +122,11 @@ class SessionStore(Replies):
                 else:
                     self.hub.publish(update)
             return
-        self.caches.registry_changed()
+        self.keeper.registry_changed()
         if old_row is not None and sid not in self._row_before:
             self._row_before[sid] = old_row
         if isinstance(ev, MessageFinalized | MessageCreated | ProjectRelocated):
-            self.caches.session_changed(sid)
+            self.keeper.session_changed(sid)
             if not isinstance(ev, MessageFinalized) and state is not None and (self.watchers or self.scoped_watchers):
                 node = state.messages.get(ev.msg_id if isinstance(ev, MessageCreated) else ev.node_id)
                 if node is not None:
@@ -276,42 +275,11 @@ class SessionStore(Replies):
 
     async def _read_state(self, session_id: str) -> SessionState:
         """A session's state as its log (or the stream) holds it."""
-        if self.worker is not None:
-            return await self.worker.read_state(session_id)
-        await self._flush_for_read()
-        state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, session_id)
-        self._add_unwritten(session_id, state)
-        return state
+        return await self.keeper.read_state(session_id)
 
-    async def _log_bytes(self, session_id: str) -> bytes:
+    async def log_bytes(self, session_id: str) -> bytes:
         """The session's log as it stands, acknowledged records included."""
-        if self.worker is not None:
-            return await self.worker.log_bytes(session_id)
-        await self._flush_for_read()
-        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
-        extra = self.es.unwritten(session_id)
-        if extra:  # a failed log write: what only the journal holds follows the written part
-            data = data[:self.es.durable_end(session_id)] + extra
-        return data
-
-    def _add_unwritten(self, session_id: str, state: SessionState) -> None:
-        """After a failed log write, acknowledged records that only the journal
-        holds (until a restart writes them back) are folded in from memory."""
-        extra = self.es.unwritten(session_id) if session_id in self.es else b""
-        end = self.es.durable_end(session_id) if extra else 0
-        for line in extra.splitlines(keepends=True):
-            end += len(line)
-            rec = decode_record(line)
-            if rec.seq > state.seq:
-                state.apply(rec, end)
-
-    async def _flush_for_read(self) -> None:
-        """Before a read of a log: everything appended so far is in the file.
-        Reads keep working after a write failure: they read what the log holds."""
-        try:
-            await self.es.flush()
-        except StoreBroken:
-            pass
+        return await self.keeper.log_bytes(session_id)
 
     def _evict_states(self) -> None:
         """Sessions with a producer here do not count against the state
@@ -385,8 +353,7 @@ class SessionStore(Replies):
 
     async def append_events(self, session_id: str, *events: Event) -> list[Appended]:
         """Append events to a session durably (its skipped log prefix checked first)."""
-        if self.prefix_check.pending:
-            await self.prefix_check.ensure(session_id)
+        await self.keeper.before_write(session_id)
         try:
             return await self.es.append_many(session_id, events)
         except UnknownSession:
@@ -475,21 +442,14 @@ class SessionStore(Replies):
             return True
         self.hub.end(session_id, "session deleted", seq=seq)
         self.states.drop(session_id)
-        self.caches.snapshot_dirty.discard(session_id)
-        # A snapshot being written into the folder finishes first; none starts
-        # after (write_snapshot checks, under the same lock, that the session
-        # is still there): the folder is removed whole, nothing is left behind.
         try:
-            async with self.caches.snapshot_lock:
-                await self.es.remove(session_id)
+            await self.keeper.remove(session_id)
         finally:
             # The tombstone is durable: the session is gone for every client even
             # if removing its folder failed (the next start finishes that).
             if damaged:
                 self.registry.put(None, session_id)
             self.notify("session_deleted", {"session_id": session_id}, owner)
-            if self.worker is not None:
-                self.spawn(self.worker.forget_snapshot, session_id)
         return True
 
     # -- listing ------------------------------------------------------------
@@ -578,20 +538,21 @@ class SessionStore(Replies):
 
     async def write_checkpoint(self) -> int:
         """Write index.json with every row whose state is durable. Returns rows written."""
-        return await self.caches.write_index()
+        return await self.keeper.write_checkpoint()
 
     async def write_snapshot(self, session_id: str) -> bool:
         """Write a loaded session's snapshot.json as of a durable seq."""
-        return await self.caches.write_snapshot(session_id)
+        return await self.keeper.write_snapshot(session_id)
 
     def loaded(self, session_id: str) -> SessionState | None:
         """The session's state if it is loaded in memory."""
         return self.states.get(session_id)
 
     async def check_logs(self) -> int:
-        """Check now the log prefixes startup skipped (startup.PrefixCheck).
-        Returns how many sessions were quarantined."""
-        return await self.prefix_check.check_all()
+        """Check now what the start skipped reading (the local engine: the log
+        prefixes its checkpoint let recovery skip). Returns how many sessions
+        were quarantined."""
+        return await self.keeper.check_logs()
 
     def quarantine(self, session_id: str, corrupt: CorruptRecord) -> None:
         """Damage found in a session's log: read-only from now on, its producers
@@ -617,50 +578,18 @@ class SessionStore(Replies):
         if self.es.broken is not None:
             return
         await self.abort_running("server shutdown")
-        if self.worker is None:
-            await self.caches.at_stop()
-        else:
-            await self.worker.at_stop()
+        await self.keeper.at_stop()
 
 
 @asynccontextmanager
-async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: FileOps = OS_FILES,
-                           titler: TitleGenerator | None = None) -> AsyncIterator[SessionStore]:
-    """Open (recovering first) the session store on the local engine at
-    `root`; background work (commit, throttled saver, checkpoints, titles)
-    lives until the block exits, and a normal or cancelled exit shuts down
-    gracefully. (sessionlog_store.server.stores.open_session_store picks
-    this, or a worker on a shared stream for a config with a backend.)"""
-    config = config or StoreConfig()
-    if config.backend:
-        raise ValueError("a config with a backend opens a worker: use "
-                         "sessionlog_store.server.stores.open_session_store")
-    root = os.path.abspath(root)
-    async with open_event_store(root, fs=fs, sync_mode=config.sync_mode,
-                                journal_sync_interval=config.journal_sync_interval) as es:
-        registry, found, report = await recover(fs, root)
-        store = SessionStore(root, es, fs, config, titler or KeywordTitler(), registry=registry)
-        await start(store, found, report)
-        async with running(store) as ready:
-            yield ready
-
-
-@asynccontextmanager
-async def running(store: SessionStore, worker: SharedLog | None = None) -> AsyncIterator[SessionStore]:
-    """The store's background work (with a shared log's: `worker`), and its
-    graceful stop."""
+async def running(store: SessionStore) -> AsyncIterator[SessionStore]:
+    """The store's background work (its keeper's too), and its graceful stop."""
     es = store.es
     try:
         async with trio.open_nursery() as nursery:
             store._nursery = nursery
             nursery.start_soon(store.saver.run)
-            if worker is None:
-                nursery.start_soon(store.caches.index_loop)
-                nursery.start_soon(store.caches.snapshot_loop)
-                nursery.start_soon(store.prefix_check.run)
-            else:  # (the stream is the only copy a start reads: no local caches)
-                store.prefix_check.done.set()
-                worker.start_background(nursery)
+            store.keeper.start_background(nursery)
             try:
                 yield store
             finally:

@@ -19,7 +19,6 @@ from sessionlog_store.eventstore.jetstream.natsio import default_prefix
 from sessionlog_store.eventstore.jetstream.objects import StreamObjects, stream_facts
 from sessionlog_store.eventstore.jetstream.projects import StreamProjectLog
 from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
-from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.registry import Registry
 from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_checkpoint,
@@ -34,19 +33,23 @@ log = logging.getLogger("sessionlog.worker")
 
 
 @asynccontextmanager
-async def open_worker_store(root: str, config: StoreConfig, *, fs: FileOps = OS_FILES,
+async def open_worker_store(root: str, config: StoreConfig, *,
                             titler: TitleGenerator | None = None) -> AsyncIterator[SessionStore]:
     """A session store on the shared stream `config.backend` names, as one of
     its workers; background work lives until the block exits, and a normal or
     cancelled exit stops gracefully (sessionlog_store.server.stores picks it
     for a config with a backend)."""
     async with open_worker_log(config) as (stream, registry, leases, index, checkpoints):
-        store = SessionStore(os.path.abspath(root), stream, fs, config,  # type: ignore[arg-type]
-                             titler or KeywordTitler(), registry=registry)
-        worker = Worker(store, stream, leases, index, checkpoints)
+
+        def keeper(s: SessionStore) -> Worker:  # (the worker keeps the store's checkpoints in the stream's bucket)
+            return Worker(s, stream, leases, index, checkpoints)
+        store = SessionStore(os.path.abspath(root), stream, config, titler or KeywordTitler(), keeper,
+                             registry=registry)
+        worker = store.keeper
+        assert isinstance(worker, Worker)
         store.worker = worker
         await start_worker(store, worker)
-        async with running(store, worker) as ready:
+        async with running(store) as ready:
             yield ready
 
 
@@ -55,7 +58,7 @@ async def start_worker(store: SessionStore, worker: Worker) -> None:
     stream's (every worker's); the sweeper, not the start, aborts the replies
     of dead workers (worker.py)."""
     t0 = time.monotonic()
-    await store.projects.load_shared(StreamProjectLog(worker.es))
+    await store.projects.load(StreamProjectLog(worker.es))
     es, ckpt = worker.es, worker.checkpoints.start
     frm = (f"the checkpoint as of stream sequence {ckpt.position} ({ckpt.sessions} sessions, {ckpt.pruned} deleted "
            f"since) and {es.replayed} messages after it" if ckpt is not None else f"{es.replayed} messages")

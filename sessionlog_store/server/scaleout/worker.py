@@ -99,6 +99,8 @@ class Worker:
         self.lost: list[tuple[str, str]] = []    # replies ended here because their lease was taken
         self._leaseless: set[tuple[str, str]] = set()  # running replies seen without a lease by the last sweep
         self._reset_loading: set[str] = set()
+        self._checked = trio.Event()
+        self._checked.set()
         start = self.checkpoints.start
         self.checkpointed = start.position if start is not None else 0  # the stream sequence last written as of
         self._snapshot_end: dict[str, int] = {}  # a session's lines' length in its last snapshot read or written
@@ -354,6 +356,30 @@ class Worker:
             await self.write_snapshot(sid)
         except Exception as e:  # noqa: BLE001 - a cache: a load reads the whole session
             log.warning("session %s: could not write its snapshot: %s", sid, e)
+
+    # -- the store's keeper (domain/keeping.py) --------------------------------
+
+    @property
+    def checked(self) -> trio.Event:
+        return self._checked  # (set: a start read the whole stream, nothing was skipped)
+
+    def registry_changed(self) -> None:
+        pass  # (the checkpoint follows the fold's position: checkpoint_loop)
+
+    def session_changed(self, sid: str) -> None:
+        pass  # (a snapshot follows the log's growth: maybe_snapshot)
+
+    async def before_write(self, sid: str) -> None:
+        pass
+
+    async def check_logs(self) -> int:
+        return 0
+
+    async def remove(self, sid: str) -> None:
+        try:
+            await self.es.remove(sid)
+        finally:
+            self.store.spawn(self.forget_snapshot, sid)
 
     async def forget_snapshot(self, sid: str) -> None:
         """A deleted session's snapshot goes (a later one of the id would not

@@ -1,9 +1,9 @@
-"""The store's caches on disk: `index.json` (the registry checkpoint) and each
+"""A local store's caches on disk: `index.json` (the registry checkpoint) and each
 session's `snapshot.json`, written after a debounce, at a stop, and never ahead
 of what is durable. Deleting them loses nothing (startup replays the logs).
 
-Owned by a SessionStore, which hands it what it reads: the event store, the
-registry, the loaded states, the data root and the intervals.
+Owned by the local keeper (keeper.py), which hands it what it reads: the
+event store, the registry, the loaded states, the data root and the intervals.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a store does when it opens: recovery (the registry from index.json and
+"""What a store on the local engine does when it opens: recovery (the registry from index.json and
 the logs' tails), the abort sweep (nothing left `running` whose writer is
 gone), the spec's maintenance, one summary line; and, afterwards, the
 background check of the log prefixes the checkpoint let recovery skip.
@@ -20,24 +20,21 @@ if TYPE_CHECKING:
     from sessionlog_store.eventstore.errors import CorruptRecord
     from sessionlog_store.eventstore.local.commit import EventStore
     from sessionlog_store.eventstore.local.fsio import FileOps
-    from sessionlog_store.eventstore.backend import Appended
+    from sessionlog_store.eventstore.backend import Appended, ProjectLog
     from sessionlog_store.projections.recovery import SessionRecovery, RecoveryReport
     from sessionlog_store.projections.registry import Registry
-    from sessionlog_store.server.domain.caches import Caches
     from sessionlog_store.server.domain.config import StoreConfig
     from sessionlog_store.server.domain.projects import ProjectRegistry
+    from sessionlog_store.server.local.caches import Caches
 
 log = logging.getLogger("sessionlog.store")
 
 
 class Starting(Protocol):
     """What a start does its work through: the store being opened."""
-    es: EventStore
     registry: Registry
     config: StoreConfig
     projects: ProjectRegistry
-    caches: Caches
-    prefix_check: PrefixCheck
     recovery: RecoveryReport | None
     aborted_at_start: list[tuple[str, str]]
     removed_at_start: list[tuple[str, str]]
@@ -52,17 +49,19 @@ async def recover(fs: FileOps, root: str) -> tuple[Registry, dict[str, SessionRe
     return await trio.to_thread.run_sync(recover_registry, fs, root)
 
 
-async def start(store: Starting, found: dict[str, SessionRecovery], report: RecoveryReport) -> None:
-    """With the registry recovered: register the logs, abort what was left
-    running, run maintenance, write index.json and log one summary line."""
-    es, registry = store.es, store.registry
+async def start(store: Starting, es: EventStore, caches: Caches, check: PrefixCheck, projects: ProjectLog,
+                found: dict[str, SessionRecovery], report: RecoveryReport) -> None:
+    """With the registry recovered: register the logs, load the projects,
+    abort what was left running, run maintenance, write index.json and log
+    one summary line."""
+    registry = store.registry
     report.journal = es.journal_recovery  # applied when the event store opened
     store.recovery = report
     for sid, rec in found.items():
         es.register(sid, rec.seq, rec.end, rec.corrupt)
     if store.config.check_after_start:
-        store.prefix_check.unchecked = dict.fromkeys(report.tail_replayed)
-    await trio.to_thread.run_sync(store.projects.load_sync)
+        check.unchecked = dict.fromkeys(report.tail_replayed)
+    await store.projects.load(projects)
     said: list[tuple[int, str, list[Any]]] = [
         (logging.WARNING, "%s", report.torn),
         (logging.ERROR, "%s: session quarantined (read-only) until `sessionlog repair`", report.quarantined),
@@ -83,7 +82,6 @@ async def start(store: Starting, found: dict[str, SessionRecovery], report: Reco
     # The abort sweep: nothing is running whose writer is gone. A session is
     # checked (the part of its log the checkpoint let recovery skip) before it
     # is written to; one found damaged is left alone.
-    check = store.prefix_check
     for sid, meta in list(registry.rows.items()):
         if meta.open_msgs and await check.writable(sid):
             events: list[Event] = [MessageFinalized(msg_id=m, status="aborted", aborted_reason="worker restart")
@@ -108,7 +106,7 @@ async def start(store: Starting, found: dict[str, SessionRecovery], report: Reco
             kinds[why].append(sid)
             log.debug("removed session %s at startup: %s", sid, why)
     log.info("%s", done.summary(len(store.aborted_at_start)))
-    await store.caches.write(store.caches.write_index)
+    await caches.write(caches.write_index)
     r = report
     log.info("started: %d sessions, %d records replayed (%d full replays, %d tails), %d torn tails, "
              "%d quarantined, %d records written back from the journal, %d removed by maintenance, "
