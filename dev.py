@@ -2,7 +2,7 @@
 """Set up .venv (once, or when pyproject.toml changes) and run a job in it.
 
     python3 dev.py serve [sessionlog serve options]   the server and its web page
-    python3 dev.py test [pytest options]               the test suite
+    python3 dev.py test [pytest options]               the test suite (in 2 processes; -n 0 for one)
     python3 dev.py torture                             the reliability suite's long mode
     python3 dev.py screenshots                         regenerate docs/screenshots/ (the browser tests)
 
@@ -52,7 +52,10 @@ def main() -> None:
         os.environ["SESSIONLOG_SCREENSHOTS"] = str(ROOT / "docs" / "screenshots")
         cmd = [str(BIN / "python"), "-m", "pytest", "-q", "tests/test_browser.py", *rest]
     else:
-        cmd = [str(BIN / "python"), "-m", "pytest", *rest]
+        # Two test processes (pytest-xdist) unless told otherwise (-n 0: one):
+        # the suite's subprocesses, servers and browsers fill two cores.
+        workers = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in rest) else ["-n", "2"]
+        cmd = [str(BIN / "python"), "-m", "pytest", *workers, *rest]
     os.chdir(ROOT)
     os.execv(cmd[0], cmd)
 
