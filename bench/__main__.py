@@ -9,13 +9,14 @@
   abuse      one user flooding frames vs other users' round trips and pushes
   auth       refused handshakes take the same time whatever was wrong
   scaleout   the JetStream backend next to the local one, and a leader killed mid-run
+  http_stack the HTTP side: an ASGI stack on trio vs the h11 edge extended (static, SSE fan-out)
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "http_stack")
 
 
 def main() -> int:
