@@ -5,6 +5,8 @@ what an HTTP API adds to the edge: keep-alive requests for a static file
 
     python -m bench http_stack [--quick] [--readers 200,1000] [--seconds 8]
 
+(needs the `bench` extra: `.venv/bin/pip install -e '.[bench]'`)
+
 Each server runs in a process of its own (`--role server --stack h11|asgi`)
 and broadcasts one event every 50 ms to every SSE reader, carrying the
 CLOCK_MONOTONIC time it was made (the same clock in every process here).
