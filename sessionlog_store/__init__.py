@@ -15,6 +15,6 @@ The library's surface is re-exported here:
 """
 from sessionlog_store.server import *  # noqa: F403 (the surface is server's __all__)
 from sessionlog_store.server import __all__ as __all__
-from sessionlog_store.server.cli import version as _version
+from sessionlog_store.server.version import version as _version
 
 __version__ = _version()

@@ -11,7 +11,8 @@ from .errors import InvalidSessionId
 # '_' (so an id is never mistaken for a CLI flag or a hidden/temp file).
 # No '.', '/', NUL or anything else that could reach outside a session's folder.
 MAX_ID_LEN: Final = 64
-_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+ID_PATTERN: Final = f"[A-Za-z0-9][A-Za-z0-9_-]{{0,{MAX_ID_LEN - 1}}}"
+_ID_RE: Final = re.compile(ID_PATTERN)
 
 
 def validate_session_id(session_id: object) -> str:

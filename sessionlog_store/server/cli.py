@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Final
 
 from sessionlog_store.eventstore.errors import EventStoreError
+from sessionlog_store.server.version import DISTRIBUTION, version
 from sessionlog_store.eventstore.local.fsio import OS_FILES, lock_root
 from sessionlog_store.eventstore.local.storeformat import check_format, stamp_format
 
@@ -16,17 +17,7 @@ if TYPE_CHECKING:
     from sessionlog_store.server.migrate import StreamTarget
 
 ENV_ROOT: Final = "SESSIONLOG_ROOT"
-DISTRIBUTION: Final = "sessionlog-store"
 
-
-def version() -> str:
-    """The installed distribution's version (pyproject.toml)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as _version
-    try:
-        return _version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "(not installed)"
 
 # Exit codes of every command (serve adds its own, see server/edge/ws.py; the README lists them all).
 EXIT_OK: Final = 0

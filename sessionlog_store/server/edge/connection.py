@@ -16,12 +16,12 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from sessionlog_store.eventstore.errors import (InvalidSessionId, MessageFinished, RecordTooLarge, SessionReadOnly,
                                                 StoreBroken, StoreClosed, UnknownSession)
-from sessionlog_store.eventstore.ids import new_session_id, validate_session_id
-from sessionlog_store.projections.session import SessionMeta, SessionState
-from sessionlog_store.server.domain.errors import Conflict, NotFound, ServiceError, unknown_session
+from sessionlog_store.eventstore.ids import validate_session_id
+from sessionlog_store.server.domain.errors import Conflict, ServiceError
 from sessionlog_store.server.domain.subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
 from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.edge.auth import Principal
+from sessionlog_store.server.edge.operations import Operations, audit
 
 if TYPE_CHECKING:
     from sessionlog_store.server.domain.store import SessionStore
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from sessionlog_store.server.edge.limits import Quotas
 
 log = logging.getLogger("sessionlog.ws")
-# Every read an admin makes of another user's sessions (docs/SECURITY.md).
-audit = logging.getLogger("sessionlog.audit")
 
 # Frames queued for one client before it is dropped as too slow.
 SEND_QUEUE: Final = 512
@@ -40,7 +38,7 @@ MAX_SUBSCRIPTIONS: Final = 1000
 PEEK_BYTES: Final = 64 * 1024
 
 
-def _error_of(e: BaseException) -> tuple[str, str]:
+def error_of(e: BaseException) -> tuple[str, str]:
     match e:
         case ServiceError(code=code, message=message):
             return code, message
@@ -115,6 +113,7 @@ class Connection:
         # changed (a stopping server waits on them: `wait_until`).
         self._changed = trio.lowlevel.ParkingLot()
         self._close_done: trio.Event | None = None  # set once our close handshake is over
+        self.ops = Operations(server, self.principal, watch=self._watch)
 
     async def close(self, code: int, reason: str) -> None:
         """Close with a close handshake: the reader loop waits for it to end
@@ -287,7 +286,7 @@ class Connection:
             except p.ProtocolError as e:
                 self.send_nowait(p.encode_error(e.code, e.message, e.action, e.request_id))
             except Exception as e:  # one bad frame never ends the connection
-                code, message = _error_of(e)
+                code, message = error_of(e)
                 if code == "internal":
                     log.exception("handling %s failed", action)
                 self.send_nowait(p.encode_error(code, message, action, rid))
@@ -300,96 +299,24 @@ class Connection:
     def reply(self, type_: str, data: Any, rid: p.RequestId) -> None:
         self.send_nowait(p.encode_frame(type_, data, rid))
 
-    # -- scoping (docs/SECURITY.md) -------------------------------------------
+    # -- requests -------------------------------------------------------------
 
-    def own(self, sid: str) -> SessionMeta:
-        """A session this client may change: its user's, else unknown_session
-        (as for an id that does not exist)."""
-        return self.store.get_meta(sid, self.principal.user)
-
-    def readable(self, sid: str, action: str) -> SessionMeta:
-        """A session this client may read: its user's, or anyone's for an admin
-        (logged)."""
-        meta = self.store.get_meta(sid, self.principal.reads)
-        if meta.owner != self.principal.user:
-            audit.warning("admin %r: %s of session %s of user %r", self.principal.user, action, sid, meta.owner,
-                          extra={"remote": self.remote})
-        return meta
-
-    def owners_shown(self, rows: list[dict[str, Any]], key: str = "id") -> list[dict[str, Any]]:
-        """Rows an admin is sent say whose session each is (`owner`); a user's
-        rows do not (they are all its own)."""
-        if self.principal.admin:
-            for row in rows:
-                meta = self.store.registry.get(row[key])
-                row["owner"] = meta.owner if meta is not None else ""
-        return rows
-
-    def _audit_all(self, action: str) -> None:
-        if self.principal.admin:
-            audit.warning("admin %r: %s over every user", self.principal.user, action, extra={"remote": self.remote})
+    def _watch(self, sid: str) -> None:
+        """A session this client loaded or chatted in: it is told of its new messages."""
+        if sid not in self.watching and len(self.watching) >= MAX_SUBSCRIPTIONS:
+            self.watching.pop()
+        self.watching.add(sid)
 
     def projects_frame(self, rid: p.RequestId = None) -> str:
-        return p.encode_frame("projects_list", {"projects": p.to_wire(self.store.list_projects(self.principal.reads))},
-                              rid)
-
-    async def _create(self, **kw: Any) -> tuple[SessionMeta, str | None]:
-        """A new session of this client's user, within its session limit."""
-        user, quotas = self.principal.user, self.server.quotas
-        quotas.check_sessions(user, self.store.registry.owned[user])
-        quotas.creating[user] += 1
-        try:
-            return await self.store.create_session(owner=user, **kw)
-        finally:
-            quotas.creating[user] -= 1
+        return p.encode_frame("projects_list", self.ops.projects_data(), rid)
 
     async def handle(self, req: p.ClientAction) -> None:
-        store, rid, user = self.store, req.request_id, self.principal.user
+        """One request: the WebSocket's own (its subscriptions) here, every
+        other through the operations (operations.py, as the HTTP API's)."""
         match req:
-            case p.ListSessions() as r:
-                self._audit_all("list_sessions")
-                if r.since is not None:
-                    changes = store.changes_since(r.since, self.principal.reads, owners=self.principal.admin)
-                    if changes is not None:
-                        self.reply("sessions_changes", {"since": r.since, "rev": store.feed.position,
-                                                        "changes": [{"type": k, "data": d} for k, d in changes]},
-                                   rid)
-                        return
-                rev = store.feed.position
-                rows, total = store.list_sessions(filters=r.filters, include_archived=r.include_archived,
-                                                  archived=r.archived, offset=r.offset, limit=r.limit,
-                                                  owner=self.principal.reads)
-                self.reply("sessions_list", {"rows": self.owners_shown(rows), "total": total, "rev": rev,
-                                             "relist": r.since is not None}, rid)
-            case p.CreateSession() as r:
-                meta, _ = await self._create(agent_id=r.agent_id, source=r.source, title=r.title,
-                                             project_id=r.project_id)
-                self.reply("session_created", {"session": self.owners_shown([store.get_row(meta.id)])[0]}, rid)
-            case p.LoadSession(session_id=sid, msg_id=through):
-                meta = self.readable(sid, "load_session")
-                state = await store.load_session(sid)
-                head = None
-                if through is not None:
-                    if through not in state.messages:
-                        raise NotFound("unknown_message", f"unknown message {through!r}")
-                    head = state.leaf_of(through)
-                if meta.owner == user:  # an admin's read of another's session is one read: it watches nothing
-                    if len(self.watching) >= MAX_SUBSCRIPTIONS:
-                        self.watching.pop()
-                    self.watching.add(sid)
-                self.reply("session_loaded", self.session_payload(sid, state, head), rid)
-            case p.SwitchBranch(session_id=sid, msg_id=mid):
-                self.own(sid)
-                head = await store.switch_branch(sid, mid)
-                self.reply("ok", {"action": "switch_branch", "session_id": sid, "head": head}, rid)
-            case p.ListRunning():
-                self._audit_all("list_running")
-                self.reply("running_list", {"running": self.owners_shown(store.list_running(self.principal.reads),
-                                                                         "session_id")}, rid)
-            case p.Chat() as r:
-                await self.chat(r)
             case p.SubscribeMsg() as r:
-                meta = self.readable(r.session_id, f"subscribe_msg of message {r.msg_id}")
+                user = self.principal.user
+                meta = self.ops.readable(r.session_id, f"subscribe_msg of message {r.msg_id}")
                 sub = await self.subscribe(r)
                 if meta.owner != user:  # an admin's follow of another's message: its end is logged too
                     sub.on_close(lambda: audit.warning(
@@ -401,125 +328,11 @@ class Connection:
                 if old is not None:
                     old.close()
                     self._pending.pop((sid, mid), None)
-                self.reply("ok", {"action": "unsubscribe_msg", "subscribed": False}, rid)
-            case p.Stop(session_id=sid, msg_id=mid):
-                self.own(sid)
-                if not await store.stop_anywhere(sid, mid):
-                    raise ServiceError("not_running", f"message {mid} is not running")
-                self.reply("ok", {"action": "stop", "msg_id": mid}, rid)
-            case p.Retry(session_id=sid, msg_id=mid):
-                self.own(sid)
-                target = await store.retry_target(sid, mid)
-                store.claim_turn(sid)
-                try:
-                    reserved = await store.reserve_reply(sid)  # (a shared stream: the turn across workers)
-                    try:
-                        reply_id = await self.server.start_reply(sid, target.parent_id or "", user,  # "": root
-                                                                 reply_id=reserved)
-                    except BaseException:
-                        await store.reply_released(sid, reserved)
-                        raise
-                finally:
-                    store.end_turn(sid)
-                self.reply("retry_started", {"session_id": sid, "retried": mid, "reply_id": reply_id}, rid)
-            case p.RenameSession(session_id=sid, title=title, regenerate=regen):
-                self.own(sid)
-                if regen:
-                    changed = await store.regenerate_title(sid)
-                elif title is not None:
-                    changed = await store.rename_session(sid, title)
-                else:
-                    raise ServiceError("bad_request", "rename_session needs a title or regenerate: true")
-                self.reply("ok", {"action": "rename_session", "changed": changed}, rid)
-            case p.SetArchived(session_id=sid, archived=flag):
-                self.reply("ok", {"action": "set_archived", "changed": await self._update(sid, archived=flag)}, rid)
-            case p.SetPinned(session_id=sid, pinned=flag):
-                self.reply("ok", {"action": "set_pinned", "changed": await self._update(sid, pinned=flag)}, rid)
-            case p.SetUnread(session_id=sid, unread=flag):
-                self.reply("ok", {"action": "set_unread", "changed": await self._update(sid, unread=flag)}, rid)
-            case p.DeleteSession(session_id=sid):
-                self.own(sid)
-                if not await store.delete_session(sid):
-                    raise unknown_session(sid)
-                self.reply("ok", {"action": "delete_session", "session_id": sid}, rid)
-            case p.SetSessionProject(session_id=sid, project_id=pid):
-                self.own(sid)
-                changed = await store.set_session_project(sid, pid)
-                self.reply("ok", {"action": "set_session_project", "changed": changed}, rid)
-            case p.ListProjects():
-                self._audit_all("list_projects")
-                self.send_nowait(self.projects_frame(rid))
-            case p.CreateProject(name=name, path=path):
-                quotas = self.server.quotas
-                view = await store.create_project(  # the cap checked under the project log's lock
-                    name, path, owner=user, check=lambda: quotas.check_projects(user, store.projects.count(user)))
-                self.reply("project_created", {"project": p.to_wire(view)}, rid)
-                self.server.push_projects(user)
-            case p.RelocateProject(session_id=sid, project_id=pid, path=path):
-                self.own(sid)
-                out = await store.relocate_project(sid, pid, path)
-                self.reply("project_relocated", out, rid)
-                self.server.push_projects(user)
-
-    async def _update(self, sid: str, **fields: Any) -> dict[str, Any]:
-        self.own(sid)
-        return await self.store.update_session(sid, **fields)
-
-    def session_payload(self, sid: str, state: SessionState, head: str | None = None) -> dict[str, Any]:
-        """A session and one branch of its messages (the current one, or the one
-        ending at `head`); each conversational message carries `siblings`: the
-        ids sharing its parent, in creation order ("‹ 2/3 ›")."""
-        messages = p.to_wire(state.branch(head))
-        for m in messages:
-            if m["caller"] is None:
-                m["siblings"] = state.siblings(m["msg_id"])
-        return {"session": self.owners_shown([self.store.get_row(sid)])[0], "messages": messages,
-                "head": head or state.head,
-                "seq": state.seq, "durable_seq": self.store.es.durable_seq(sid)}
-
-    async def chat(self, r: p.Chat) -> None:
-        store = self.store
-        if not r.content.strip():
-            raise ServiceError("bad_field", "a chat message must not be empty")
-        user, quotas = self.principal.user, self.server.quotas
-        quotas.start_reply(user)  # reserved before the user's message is written; the reply gives it back
-        sid, reply_id, claimed = r.session_id, None, False
-        try:
-            if sid is not None:
-                self.own(sid)
-                store.claim_turn(sid)
-                claimed = True
-            else:
-                sid = new_session_id()
-            # On a shared stream, the reply's lease first (an election: refused, nothing written)
-            reply_id = await store.reserve_reply(sid)
-            if r.session_id is None:
-                meta, msg_id = await self._create(session_id=sid, agent_id=r.agent_id or "default",
-                                                  project_id=r.project_id, source=r.source or "web",
-                                                  first_message=r.content)
-            else:
-                meta = self.own(sid)
-                if r.project_id is not None and r.project_id != (meta.project_id or "default"):
-                    await store.set_session_project(sid, r.project_id)
-                msg_id = await store.append_message(sid, r.content)
-        except BaseException:
-            quotas.end_reply(user)
-            if claimed and sid is not None:
-                store.end_turn(sid)
-            if sid is not None:
-                await store.reply_released(sid, reply_id)
-            raise
-        assert msg_id is not None
-        self.watching.add(sid)
-        try:
-            reply_id = await self.server.start_reply(sid, msg_id, user, reserved=True, reply_id=reply_id)
-        except BaseException:
-            await store.reply_released(sid, reply_id)  # (a reply that never started: its lease goes)
-            raise
-        finally:
-            if claimed:
-                store.end_turn(sid)  # (its placeholder is written: the running reply holds the turn now)
-        self.reply("chat_ack", {"session_id": sid, "msg_id": msg_id, "reply_id": reply_id}, r.request_id)
+                self.reply("ok", {"action": "unsubscribe_msg", "subscribed": False}, req.request_id)
+            case _:
+                self.ops.remote = self.remote
+                kind, data = await self.ops.run(req)
+                self.reply(kind, data, req.request_id)
 
     async def subscribe(self, r: p.SubscribeMsg) -> Subscription:
         key = (r.session_id, r.msg_id)

@@ -13,9 +13,6 @@ the Host and Origin checks, the broadcasts and the agents' nursery.
 from __future__ import annotations
 
 import logging
-import mimetypes
-import os
-import re
 from functools import partial
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -34,17 +31,16 @@ from sessionlog_store.server.edge.auth import PROTOCOL, REFUSED, Principal, make
 from sessionlog_store.server.edge.config import ServerConfig as ServerConfig
 from sessionlog_store.server.edge.connection import Connection
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits, Quotas
-from sessionlog_store.server.edge.http import Exchange, Request
+from sessionlog_store.server.edge.api import V1, Api
+from sessionlog_store.server.edge.assets import STATIC_NAME, Assets, representation
+from sessionlog_store.server.edge.http import Exchange, HTTPError, Request
 from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
 from sessionlog_store.server.edge.metrics import ServerMetrics, readiness
 
 log = logging.getLogger("sessionlog.ws")
 
-STATIC_DIR: Final = os.path.join(os.path.dirname(__file__), "static")
 # Operator endpoints (GET and HEAD): liveness, readiness, Prometheus metrics.
 OPS_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
-# What /static/ serves: a file of static/ or of static/vendor/ (no dot files, no other folder).
-_STATIC_NAME: Final = re.compile(r"(vendor/)?[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 class Server:
@@ -66,6 +62,8 @@ class Server:
         self._agents: trio.Nursery | None = None
         store.scoped_watchers.append(self._on_store_change)
         self.metrics = ServerMetrics(self)
+        self.assets = Assets()
+        self.api = Api(self)
 
     # -- security --------------------------------------------------------------
 
@@ -140,58 +138,15 @@ class Server:
         remote = _peer(stream)
         ex = Exchange(stream)
         try:
-            req = await ex.read_request()
-            if req is None:
-                await ex.reply(400, b"bad request\n")
-                await ex.linger()
-                return
-            try:
-                raw_path = urlsplit(req.target).path
-            except ValueError:  # an unparsable target ("//[x/")
-                await ex.reply(400, b"bad request\n")
-                return
-            if raw_path in OPS_PATHS and req.method in ("GET", "HEAD"):
-                # at the server's own root only: a proxy that forwards /chat/
-                # never exposes these under it
-                await self._ops(ex, req)
-                return
-            root = self.config.root_path
-            if root and raw_path == root and req.method in ("GET", "HEAD"):
-                # relative URLs in the page need the slash
-                query = urlsplit(req.target).query
-                await ex.reply(301, headers={"Location": f"{root}/" + (f"?{query}" if query else "")})
-                return
-            peer_ip = remote.rsplit(":", 1)[0].strip("[]")
-            trusted_peer = bool(self.config.forwarded_allow_ips) and self._trusted(peer_ip)
-            req, forwarded_for = self.localize(req, peer_ip)
-            if forwarded_for is not None:
-                remote = f"{forwarded_for} (via {remote})"
-            upgrade = req.headers.get("upgrade", "").lower() == "websocket"
-            if req.path == "/ws" and upgrade:
-                who = self.check_handshake(req, trusted_peer)
-                if isinstance(who, str):
-                    log.warning("refused a WebSocket handshake: %s", who, extra={"remote": remote})
-                    await ex.reply(403, f"{who}\n".encode())
+            while True:
+                req = await ex.read_request()
+                if req is None:
+                    if not ex.idle_end:
+                        await ex.reply(400, b"bad request\n", close=True)
+                        await ex.linger()
                     return
-                bad = ex.upgrade_problem()
-                if bad is not None:
-                    status, text = bad
-                    await ex.reply(status, f"{text}\n".encode(),
-                                   headers={"Sec-WebSocket-Version": "13"} if status == 426 else None)
+                if not await self._answer(ex, req, remote) or not ex.next_cycle():
                     return
-                if not self.quotas.may_connect(who.user):  # checks and counts at once: no race to pass it
-                    await ex.reply(429, b"too many connections for this user\n")
-                    return
-                try:
-                    log.info("WebSocket handshake accepted%s", f" for {who.user!r}" if who.user else "",
-                             extra={"remote": remote})
-                    await self._websocket(ex, remote, who)
-                finally:
-                    self.quotas.disconnected(who.user)
-            elif req.method in ("GET", "HEAD"):
-                await self._static(ex, req)
-            else:
-                await ex.reply(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"})
         except _PEER_GONE:
             pass
         except BaseExceptionGroup as group:  # from the WebSocket's nursery
@@ -202,13 +157,77 @@ class Server:
                 raise cancelled from None  # the server is stopping: never swallowed
         except WsprotoError as e:  # what wsproto refused of a checked upgrade
             log.info("WebSocket handshake refused by wsproto: %s", e, extra={"remote": remote})
-            await ex.reply(400, b"bad WebSocket handshake\n")
+            await ex.reply(400, b"bad WebSocket handshake\n", close=True)
         except Exception:
             log.exception("connection handler failed")
         finally:
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 await stream.aclose()
+
+    async def _answer(self, ex: Exchange, req: Request, remote: str) -> bool:
+        """Answer one request; False: the connection ends after it (a
+        WebSocket's end, a refusal)."""
+        try:
+            raw_path = urlsplit(req.target).path
+        except ValueError:  # an unparsable target ("//[x/")
+            await ex.reply(400, b"bad request\n", close=True)
+            return False
+        upgrade = req.headers.get("upgrade", "").lower() == "websocket"
+        if not upgrade:
+            try:
+                body = await ex.read_body(self.api.max_body if raw_path.startswith(V1) else 0)
+            except HTTPError as e:
+                await ex.reply(e.status, f"{e.text}\n".encode(), close=True)
+                return False
+        if raw_path in OPS_PATHS and req.method in ("GET", "HEAD"):
+            # at the server's own root only: a proxy that forwards /chat/
+            # never exposes these under it
+            await self._ops(ex, req)
+            return True
+        root = self.config.root_path
+        if root and raw_path == root and req.method in ("GET", "HEAD"):
+            # relative URLs in the page need the slash
+            query = urlsplit(req.target).query
+            await ex.reply(301, headers={"Location": f"{root}/" + (f"?{query}" if query else "")})
+            return True
+        peer_ip = remote.rsplit(":", 1)[0].strip("[]")
+        trusted_peer = bool(self.config.forwarded_allow_ips) and self._trusted(peer_ip)
+        req, forwarded_for = self.localize(req, peer_ip)
+        if forwarded_for is not None:
+            remote = f"{forwarded_for} (via {remote})"
+        if req.path == "/ws" and upgrade:
+            await self._upgrade(ex, req, remote, trusted_peer)
+            return False
+        if req.path.startswith(V1):
+            return await self.api.handle(ex, req, body, remote, trusted_peer)
+        if req.method in ("GET", "HEAD"):
+            await self._static(ex, req)
+            return True
+        await ex.reply(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"}, close=True)
+        return False
+
+    async def _upgrade(self, ex: Exchange, req: Request, remote: str, trusted_peer: bool) -> None:
+        who = self.check_handshake(req, trusted_peer)
+        if isinstance(who, str):
+            log.warning("refused a WebSocket handshake: %s", who, extra={"remote": remote})
+            await ex.reply(403, f"{who}\n".encode(), close=True)
+            return
+        bad = ex.upgrade_problem()
+        if bad is not None:
+            status, text = bad
+            await ex.reply(status, f"{text}\n".encode(), close=True,
+                           headers={"Sec-WebSocket-Version": "13"} if status == 426 else None)
+            return
+        if not self.quotas.may_connect(who.user):  # checks and counts at once: no race to pass it
+            await ex.reply(429, b"too many connections for this user\n", close=True)
+            return
+        try:
+            log.info("WebSocket handshake accepted%s", f" for {who.user!r}" if who.user else "",
+                     extra={"remote": remote})
+            await self._websocket(ex, remote, who)
+        finally:
+            self.quotas.disconnected(who.user)
 
     async def _ops(self, ex: Exchange, req: Request) -> None:
         """Probes and metrics: no Host check and no token (a Kubernetes probe or
@@ -239,19 +258,17 @@ class Server:
             await ex.reply(204)
             return
         name = "index.html" if req.path in ("/", "/index.html") else req.path.removeprefix("/static/")
-        if name != "index.html" and (not req.path.startswith("/static/") or not _STATIC_NAME.fullmatch(name)):
+        if name != "index.html" and (not req.path.startswith("/static/") or not STATIC_NAME.fullmatch(name)):
             await ex.reply(404, b"not found\n")
             return
-        path = os.path.join(STATIC_DIR, name)
-        try:
-            body = await trio.Path(path).read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
+        asset = await self.assets.get(name)
+        if asset is None:
             await ex.reply(404, b"not found\n")
             return
-        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        if ctype.startswith("text/") or ctype.endswith("javascript"):
-            ctype += "; charset=utf-8"
-        await ex.reply(200, body, ctype, headers={
+        status, body, headers = representation(asset, req.headers.get("accept-encoding", ""),
+                                               req.headers.get("if-none-match", ""))
+        await ex.reply(status, body, asset.content_type, headers={
+            **headers,
             "Content-Security-Policy": "default-src 'self'; connect-src 'self'; style-src 'self' 'unsafe-inline'",
             "X-Frame-Options": "DENY"})
 

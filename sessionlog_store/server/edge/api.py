@@ -1,0 +1,317 @@
+"""The HTTP API under /v1/ (docs/HTTP.md): the WebSocket's operations over
+plain HTTP/JSON, on the same port, with the same authenticators, scoping,
+quotas and error codes, and the same store calls underneath
+(operations.py: each request is one action of its user).
+
+A request is routed by method and path (`ROUTES`), its query or body
+decoded into the msgspec type the route names (apitypes.py; unknown fields
+refused), carried out, and its answer checked against the route's answer
+type before it is sent: what /v1/openapi.json says (openapi.py, made from
+the same table) is what is sent. Errors are `{"error": {code, message}}`
+with the status `STATUS` gives the code.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Final, Protocol
+from urllib.parse import parse_qsl, urlsplit
+
+import msgspec
+import trio
+from msgspec import UNSET
+
+from sessionlog_store.server.domain.errors import ServiceError
+from sessionlog_store.server.edge import apitypes as t
+from sessionlog_store.server.edge import protocol as p
+from sessionlog_store.server.edge.auth import REFUSED, Principal
+from sessionlog_store.server.edge.connection import error_of
+from sessionlog_store.server.edge.http import MAX_BODY, Exchange, Request
+from sessionlog_store.server.edge.openapi import openapi_document
+from sessionlog_store.server.edge.operations import Operations, OperationsHost
+from sessionlog_store.server.edge.routes import Call, Route
+
+log = logging.getLogger("sessionlog.http")
+
+V1: Final = "/v1/"
+JSON: Final = "application/json"
+
+# An error code's HTTP status; a code not named here is a 400 (the caller's input).
+STATUS: Final[dict[str, int]] = {
+    "unauthorized": 401, "forbidden": 403,
+    "unknown_session": 404, "unknown_message": 404, "unknown_project": 404, "not_found": 404,
+    "method_not_allowed": 405,
+    "session_exists": 409, "reply_running": 409, "message_running": 409, "not_retryable": 409,
+    "message_finished": 409, "project_frozen": 409, "project_not_bound": 409, "project_not_missing": 409,
+    "path_in_use": 409, "default_project": 409, "not_running": 409, "read_only": 409, "shutting_down": 503,
+    "frame_too_large": 413, "body_too_large": 413,
+    "rate_limited": 429, "limit_sessions": 429, "limit_projects": 429, "limit_running": 429,
+    "store_broken": 503, "unavailable": 503, "internal": 500,
+}
+
+
+def status_of(code: str) -> int:
+    return STATUS.get(code, 400)
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str, status: int | None = None, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status, self.allow = code, message, status or status_of(code), allow
+
+
+# -- the handlers: each one action (or a few) through the operations -------------
+
+async def _list(c: Call) -> Any:
+    q: t.SessionQuery = c.query
+    filters = {f: getattr(q, f) for f in t.FILTER_FIELDS if getattr(q, f) is not UNSET}
+    kind, data = await c.ops.run(p.ListSessions(
+        filters=filters or None, include_archived=q.include_archived, offset=q.offset,
+        archived=None if q.archived is UNSET else q.archived, limit=None if q.limit is UNSET else q.limit,
+        since=None if q.since is UNSET else q.since))
+    return {"type": kind, **data}
+
+
+async def _create(c: Call) -> Any:
+    b: t.NewSession = c.body
+    return (await c.ops.run(p.CreateSession(agent_id=b.agent_id, project_id=b.project_id, source=b.source,
+                                            title=b.title)))[1]
+
+
+async def _load(c: Call) -> Any:
+    msg_id = c.query.msg_id
+    return (await c.ops.run(p.LoadSession(session_id=c.args["session_id"],
+                                          msg_id=None if msg_id is UNSET else msg_id)))[1]
+
+
+async def _patch(c: Call) -> Any:
+    b: t.SessionPatch = c.body
+    sid = c.args["session_id"]
+    actions: list[p.ClientAction] = []
+    if b.title is not None or b.regenerate_title:
+        actions.append(p.RenameSession(session_id=sid, title=b.title, regenerate=b.regenerate_title))
+    if b.archived is not None:
+        actions.append(p.SetArchived(session_id=sid, archived=b.archived))
+    if b.pinned is not None:
+        actions.append(p.SetPinned(session_id=sid, pinned=b.pinned))
+    if b.unread is not None:
+        actions.append(p.SetUnread(session_id=sid, unread=b.unread))
+    if b.project_id is not None:
+        actions.append(p.SetSessionProject(session_id=sid, project_id=b.project_id))
+    if not actions:
+        c.ops.own(sid)  # (an empty patch of an unknown session is still unknown)
+    changed: dict[str, Any] = {}
+    for action in actions:
+        _, data = await c.ops.run(action)
+        got = data.get("changed", {})
+        if isinstance(action, p.RenameSession):  # (its answer says whether the title changed)
+            got = {"title": c.ops.store.get_meta(sid).title} if got else {}
+        changed.update(got)
+    return {"changed": changed}
+
+
+async def _delete(c: Call) -> None:
+    await c.ops.run(p.DeleteSession(session_id=c.args["session_id"]))
+
+
+async def _append(c: Call) -> Any:
+    b: t.NewMessage = c.body
+    sid = c.args["session_id"]
+    msg_id = await c.ops.append_message(sid, b.content, role=b.role, kind=b.kind, parent_id=b.parent_id,
+                                        metadata=b.metadata)
+    return {"session_id": sid, "msg_id": msg_id}
+
+
+async def _branch(c: Call) -> Any:
+    _, data = await c.ops.run(p.SwitchBranch(session_id=c.args["session_id"], msg_id=c.body.msg_id))
+    return {"session_id": data["session_id"], "head": data["head"]}
+
+
+async def _stop(c: Call) -> Any:
+    _, data = await c.ops.run(p.Stop(session_id=c.args["session_id"], msg_id=c.args["msg_id"]))
+    return {"msg_id": data["msg_id"]}
+
+
+async def _retry(c: Call) -> Any:
+    return (await c.ops.run(p.Retry(session_id=c.args["session_id"], msg_id=c.args["msg_id"])))[1]
+
+
+async def _chat(c: Call) -> Any:
+    b: t.NewChat = c.body
+    return (await c.ops.run(p.Chat(content=b.content, session_id=b.session_id, project_id=b.project_id,
+                                   agent_id=b.agent_id, source=b.source)))[1]
+
+
+async def _relocate(c: Call) -> Any:
+    b: t.Relocation = c.body
+    return (await c.ops.run(p.RelocateProject(session_id=c.args["session_id"], project_id=b.project_id,
+                                              path=b.path)))[1]
+
+
+async def _running(c: Call) -> Any:
+    return (await c.ops.run(p.ListRunning()))[1]
+
+
+async def _projects(c: Call) -> Any:
+    return (await c.ops.run(p.ListProjects()))[1]
+
+
+async def _new_project(c: Call) -> Any:
+    b: t.NewProject = c.body
+    return (await c.ops.run(p.CreateProject(name=b.name, path=b.path)))[1]
+
+
+_S = "/v1/sessions/{session_id}"
+ROUTES: Final = (
+    Route("GET", "/v1/sessions", "listSessions", "The user's sessions, newest first (or the changes since `since`)",
+          _list, t.SessionList | t.SessionChanges, query=t.SessionQuery, errors=(400, 401)),
+    Route("POST", "/v1/sessions", "createSession", "A new session, durable at birth, with no message",
+          _create, t.SessionCreated, 201, body=t.NewSession, errors=(400, 401, 404, 429)),
+    Route("GET", _S, "loadSession", "A session and the messages of its current branch (or of the branch "
+          "through `msg_id`)", _load, t.SessionLoaded, query=t.LoadQuery),
+    Route("PATCH", _S, "updateSession", "Rename (or regenerate the title), archive, pin, mark unread, bind a "
+          "project", _patch, t.Changed, body=t.SessionPatch, errors=(400, 401, 404, 409)),
+    Route("DELETE", _S, "deleteSession", "Delete a session (a durable tombstone)", _delete, None, 204),
+    Route("POST", f"{_S}/messages", "appendMessage", "Append a finished message on the current branch",
+          _append, t.MessageAppended, 201, body=t.NewMessage, errors=(400, 401, 404, 409)),
+    Route("POST", f"{_S}/branch", "switchBranch", "Make the branch through a message the current one",
+          _branch, t.Head, body=t.BranchSwitch),
+    Route("POST", f"{_S}/messages/{{msg_id}}/stop", "stopMessage", "Stop a running reply (it ends aborted, "
+          "\"stopped by user\")", _stop, t.Stopped, errors=(400, 401, 404, 409)),
+    Route("POST", f"{_S}/messages/{{msg_id}}/retry", "retryMessage", "A new reply beside a finished one",
+          _retry, t.RetryStarted, 201, errors=(400, 401, 404, 409, 429)),
+    Route("POST", f"{_S}/relocate", "relocateProject", "Point a session's project at its moved folder",
+          _relocate, t.Relocated, body=t.Relocation, errors=(400, 401, 404, 409)),
+    Route("POST", "/v1/chat", "chat", "A user's message and the server's agent's reply to it (in a new "
+          "session without `session_id`)", _chat, t.ChatAck, 201, body=t.NewChat, errors=(400, 401, 404, 409, 429)),
+    Route("GET", "/v1/running", "listRunning", "The replies running now", _running, t.RunningList,
+          errors=(400, 401)),
+    Route("GET", "/v1/projects", "listProjects", "The default project and the user's", _projects, t.ProjectList,
+          errors=(400, 401)),
+    Route("POST", "/v1/projects", "createProject", "A project on an existing folder under a project root",
+          _new_project, t.ProjectCreated, 201, body=t.NewProject, errors=(400, 401, 409, 429)),
+)
+
+def _decode_query(target: str, kind: type) -> Any:
+    pairs = parse_qsl(urlsplit(target).query, keep_blank_values=True)
+    raw: dict[str, Any] = {}
+    for k, v in pairs:
+        if k == "token":
+            continue  # (the credential of scripts: edge/auth.py)
+        if k in raw:
+            raise ApiError("bad_request", f"the query names {k!r} twice")
+        raw[k] = v  # (strings: converted to the field's type, "true"/"false" to a bool)
+    try:
+        return msgspec.convert(raw, kind, strict=False)
+    except msgspec.ValidationError as e:
+        raise ApiError("bad_request", f"bad query: {e}") from None
+
+
+class ApiHost(OperationsHost, Protocol):
+    """What the API asks of its server (edge/ws.py's Server) beyond the operations'."""
+    def allowed_hosts(self) -> set[str]: ...
+    def check_handshake(self, req: Request, trusted_peer: bool) -> Principal | str: ...
+
+
+class Api:
+    """The /v1/ routes of one server."""
+
+    def __init__(self, server: ApiHost, max_body: int = MAX_BODY) -> None:
+        self.server = server
+        self.max_body = max_body
+        self._routes = [(r, r.pattern) for r in ROUTES]
+        self._document: bytes | None = None
+        self._decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+        self._encoder = msgspec.json.Encoder()
+
+    async def handle(self, ex: Exchange, req: Request, body: bytes, remote: str, trusted_peer: bool) -> bool:
+        """Answer one /v1/ request; False: close the connection after it."""
+        try:
+            await self._handle(ex, req, body, remote, trusted_peer)
+        except ApiError as e:
+            await self._error(ex, e.status, e.code, e.message, {"Allow": e.allow} if e.allow else None)
+        except msgspec.DecodeError as e:  # (a ValidationError is one)
+            await self._error(ex, 400, "bad_request", f"bad body: {e}")
+        except ServiceError as e:
+            await self._error(ex, status_of(e.code), e.code, e.message)
+        except (trio.Cancelled, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            code, message = error_of(e)
+            if code == "internal":
+                log.exception("%s %s failed", req.method, req.path, extra={"remote": remote})
+            await self._error(ex, status_of(code), code, message)
+        return True
+
+    async def _handle(self, ex: Exchange, req: Request, body: bytes, remote: str, trusted_peer: bool) -> None:
+        server = self.server
+        if req.path == "/v1/openapi.json" and req.method in ("GET", "HEAD"):
+            if req.headers.get("host", "").lower() not in server.allowed_hosts():
+                raise ApiError("forbidden", "Host not allowed", 403)
+            await ex.reply(200, self.document(), JSON, headers={"Cache-Control": "no-cache"})
+            return
+        route, args = self._route(req)
+        who = server.check_handshake(req, trusted_peer)
+        if isinstance(who, str):
+            if who == REFUSED:
+                raise ApiError("unauthorized", who, 401)
+            raise ApiError("forbidden", who, 403)
+        quotas = server.quotas
+        refused, wait = quotas.check_frame(who.user, len(body), trio.current_time())
+        if refused is not None:
+            raise ApiError(refused.code, refused.message)
+        if wait:
+            await trio.sleep(wait)
+        if server.store.shutting_down:
+            raise ApiError("shutting_down", "the server is shutting down")
+        call = Call(ops=self._operations(who, remote), args=args,
+                    query=_decode_query(req.target, route.query) if route.query is not None else None,
+                    body=self._decode(body, route.body) if route.body is not None else None)
+        if route.body is None and body:
+            raise ApiError("bad_request", f"{route.method} {route.path} takes no body")
+        result = await route.handler(call)
+        if route.answer is None:
+            await ex.reply(route.status)
+            return
+        try:
+            checked: Any = msgspec.convert(result, route.answer)
+        except msgspec.ValidationError as e:  # a handler's answer off its own document: ours to fix
+            raise RuntimeError(f"{route.name}'s answer does not match its document: {e}") from None
+        await ex.reply(route.status, self._encoder.encode(checked), JSON)
+
+    def _route(self, req: Request) -> tuple[Route, dict[str, str]]:
+        allowed = []
+        for route, pattern in self._routes:
+            m = pattern.match(req.path)
+            if m is None:
+                continue
+            if route.method == req.method or (req.method == "HEAD" and route.method == "GET"):
+                return route, m.groupdict()
+            allowed.append(route.method)
+        if allowed:
+            methods = sorted({*allowed, *(["HEAD"] if "GET" in allowed else [])})
+            raise ApiError("method_not_allowed", f"{req.method} is not allowed here (allowed: {', '.join(methods)})",
+                           allow=", ".join(methods))
+        raise ApiError("not_found", f"no such endpoint: {req.method} {req.path}")
+
+    def _operations(self, who: Principal, remote: str) -> Operations:
+        return Operations(self.server, who, remote)
+
+    def _decode(self, body: bytes, kind: type) -> Any:
+        if not body.strip():
+            raise ApiError("bad_request", "a JSON body is needed")
+        dec = self._decoders.get(kind)
+        if dec is None:
+            dec = self._decoders[kind] = msgspec.json.Decoder(kind)
+        return dec.decode(body)
+
+    async def _error(self, ex: Exchange, status: int, code: str, message: str,
+                     headers: dict[str, str] | None = None) -> None:
+        if status == 401:
+            headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="sessionlog"'}
+        await ex.reply(status, self._encoder.encode(t.Error(error=t.ErrorDetail(code=code, message=message))),
+                       JSON, headers=headers)
+
+    def document(self) -> bytes:
+        if self._document is None:
+            self._document = self._encoder.encode(openapi_document(ROUTES, STATUS))
+        return self._document

@@ -1,0 +1,267 @@
+"""The HTTP API's bodies, as msgspec types: what a request body decodes into
+(unknown fields refused) and what each answer is checked against before it
+is sent. openapi.py makes /v1/openapi.json from these same types, so the
+document cannot drift from what the handlers take and give. The shapes are
+the WebSocket's answers (docs/PROTOCOL.md), without the frame around them.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from sessionlog_store.eventstore.ids import ID_PATTERN as _ID
+from sessionlog_store.server.edge.protocol import MAX_LIMIT, Count, Short
+
+# A session's or a message's id (eventstore/ids.py checks the same).
+ID_PATTERN = f"^{_ID}$"
+Sid = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+# A folder's absolute path (whether it is an existing folder under a project root is the server's to say).
+Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern="^/")]
+Title = Annotated[str, msgspec.Meta(min_length=1, max_length=500, pattern=r"\S")]
+# A message a person wrote: not empty, not only blanks.
+Text = Annotated[str, msgspec.Meta(min_length=1, pattern=r"\S")]
+
+
+class Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A request body: unknown fields are refused (400 bad_request)."""
+
+
+# -- request bodies and queries -------------------------------------------------
+
+class SessionQuery(Body):
+    """GET /v1/sessions: paging, the archive switches, `since` and the
+    filters (each field left out: not filtered on)."""
+    include_archived: bool = False
+    archived: bool | UnsetType = UNSET
+    offset: Count = 0
+    limit: Annotated[int, msgspec.Meta(ge=0, le=MAX_LIMIT)] | UnsetType = UNSET
+    since: Short | UnsetType = UNSET
+    agent_id: Short | UnsetType = UNSET
+    source: Short | UnsetType = UNSET
+    status: Short | UnsetType = UNSET
+    pinned: bool | UnsetType = UNSET
+    unread: bool | UnsetType = UNSET
+    project_id: Short | UnsetType = UNSET
+    owner: Short | UnsetType = UNSET
+
+
+FILTER_FIELDS = ("agent_id", "source", "status", "pinned", "unread", "project_id", "owner")
+
+
+class LoadQuery(Body):
+    msg_id: Sid | UnsetType = UNSET
+
+
+class NewSession(Body):
+    agent_id: Short = "default"
+    project_id: Short | None = None
+    source: Short = "web"
+    title: Short = ""
+
+
+class SessionPatch(Body):
+    """Each field given is one change, in this order; the answer merges what changed."""
+    title: Title | None = None
+    regenerate_title: bool = False
+    archived: bool | None = None
+    pinned: bool | None = None
+    unread: bool | None = None
+    project_id: Short | None = None
+
+
+class NewMessage(Body):
+    """A finished message appended on the current branch (or under `parent_id`)."""
+    content: Text
+    role: Literal["user", "assistant", "tool", "system"] = "user"
+    kind: Literal["chat", "llm_reply", "tool_call", "agentic_fn", "task_spawn", "merge"] = "chat"
+    parent_id: Sid | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class BranchSwitch(Body):
+    msg_id: Sid
+
+
+class NewChat(Body):
+    content: Text
+    session_id: Sid | None = None
+    project_id: Short | None = None
+    agent_id: Short | None = None
+    source: Short | None = None
+
+
+class NewProject(Body):
+    path: Path
+    name: Short = ""
+
+
+class Relocation(Body):
+    project_id: Short
+    path: Path
+
+
+# -- answers ---------------------------------------------------------------------
+
+class Answer(msgspec.Struct, kw_only=True):
+    pass
+
+
+class ProjectRef(Answer):
+    id: str
+    name: str
+    path: str
+    path_missing: bool
+
+
+class SessionRow(Answer):
+    """A listed session: the 17 row fields (docs/API.md), `damaged` for a
+    quarantined one, `owner` in an admin's answers."""
+    id: str
+    agent_id: str
+    source: str
+    title: str
+    status: str
+    created_at: float
+    updated_at: float
+    pinned: bool
+    unread: bool
+    archived: bool
+    project_id: str | None
+    message_count: int
+    user_titled: bool = msgspec.field(name="_user_titled")
+    auto_titled: bool = msgspec.field(name="_auto_titled")
+    title_gen_count: int = msgspec.field(name="_title_gen_count")
+    preview: str | None
+    project: ProjectRef | None
+    damaged: str | UnsetType = UNSET
+    owner: str | UnsetType = UNSET
+
+
+class SessionList(Answer, tag_field="type", tag="sessions_list"):
+    """The rows (`type` says which answer this is: the list, or the changes since `since`)."""
+    rows: list[SessionRow]
+    total: int
+    rev: str
+    relist: bool
+
+
+class Change(Answer):
+    type: Literal["session_created", "session_updated", "session_deleted"]
+    data: dict[str, Any]
+
+
+class SessionChanges(Answer, tag_field="type", tag="sessions_changes"):
+    """The session_created / session_updated / session_deleted pushes after `since`, oldest first."""
+    since: str
+    rev: str
+    changes: list[Change]
+
+
+class SessionCreated(Answer):
+    session: SessionRow
+
+
+class Message(Answer):
+    msg_id: str
+    role: str
+    kind: str
+    parent_id: str | None
+    caller: str | None
+    status: str
+    content: str
+    started_at: float | None
+    last_update_at: float
+    created_at: float
+    seq: int
+    metadata: dict[str, Any]
+    error: str | None
+    tokens: dict[str, int] | None
+    siblings: list[str] | UnsetType = UNSET
+
+
+class SessionLoaded(Answer):
+    session: SessionRow
+    messages: list[Message]
+    head: str | None
+    seq: int
+    durable_seq: int
+
+
+class Changed(Answer):
+    changed: dict[str, Any]
+
+
+class Head(Answer):
+    session_id: str
+    head: str | None
+
+
+class MessageAppended(Answer):
+    session_id: str
+    msg_id: str
+
+
+class ChatAck(Answer):
+    session_id: str
+    msg_id: str
+    reply_id: str
+
+
+class RetryStarted(Answer):
+    session_id: str
+    retried: str
+    reply_id: str
+
+
+class Stopped(Answer):
+    msg_id: str
+
+
+class Project(Answer):
+    id: str
+    name: str
+    path: str
+    is_default: bool
+    path_missing: bool
+
+
+class ProjectList(Answer):
+    projects: list[Project]
+
+
+class ProjectCreated(Answer):
+    project: Project
+
+
+class Relocated(Answer):
+    ok: bool
+    old_path: str
+    path: str
+    node_id: str
+
+
+class RunningReply(Answer):
+    session_id: str
+    msg_id: str
+    kind: str
+    role: str
+    caller: str | None
+    started_at: float | None
+    length: int
+    owner: str | UnsetType = UNSET
+
+
+class RunningList(Answer):
+    running: list[RunningReply]
+
+
+class ErrorDetail(Answer):
+    code: str
+    message: str
+
+
+class Error(Answer):
+    """Every refusal: its stable code (docs/HTTP.md, docs/PROTOCOL.md) and words for people."""
+    error: ErrorDetail
