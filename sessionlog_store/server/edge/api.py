@@ -43,7 +43,7 @@ STATUS: Final[dict[str, int]] = {
     "session_exists": 409, "reply_running": 409, "message_running": 409, "not_retryable": 409,
     "message_finished": 409, "project_frozen": 409, "project_not_bound": 409, "project_not_missing": 409,
     "path_in_use": 409, "default_project": 409, "not_running": 409, "read_only": 409, "shutting_down": 503,
-    "frame_too_large": 413, "body_too_large": 413,
+    "frame_too_large": 413, "body_too_large": 413, "body_timeout": 408,
     "rate_limited": 429, "limit_sessions": 429, "limit_projects": 429, "limit_running": 429,
     "store_broken": 503, "unavailable": 503, "internal": 500,
 }
@@ -303,6 +303,13 @@ class Api:
         if dec is None:
             dec = self._decoders[kind] = msgspec.json.Decoder(kind)
         return dec.decode(body)
+
+    async def refuse(self, ex: Exchange, status: int, message: str) -> None:
+        """A request the edge refused while reading its body (413, 408, 400):
+        answered, and the connection closes."""
+        code = {413: "body_too_large", 408: "body_timeout"}.get(status, "bad_request")
+        await ex.reply(status, self._encoder.encode(t.Error(error=t.ErrorDetail(code=code, message=message))),
+                       JSON, close=True)
 
     async def _error(self, ex: Exchange, status: int, code: str, message: str,
                      headers: dict[str, str] | None = None) -> None:

@@ -18,7 +18,8 @@ _REF = "#/components/schemas/{name}"
 _DESCRIPTIONS = {200: "OK", 201: "Created", 204: "No Content", 400: "The request is malformed or a value is "
                  "refused", 401: "Missing or wrong credentials", 403: "Host or Origin not allowed",
                  404: "No such session, message, project or endpoint (another user's is as unknown as none)",
-                 405: "Method not allowed here", 409: "Not allowed in the current state",
+                 405: "Method not allowed here", 408: "The body did not arrive in time",
+                 409: "Not allowed in the current state",
                  413: "The body is over the limit", 429: "Over a quota or the rate",
                  500: "A fault of the server", 503: "The store failed, or the server is stopping"}
 
@@ -64,7 +65,7 @@ def openapi_document(routes: Iterable[Route], statuses: Mapping[str, int]) -> di
         else:
             responses[str(r.status)] = {"description": _DESCRIPTIONS[r.status],
                                         "content": {"application/json": {"schema": of[id(r.answer)]}}}
-        for status in sorted({*r.errors, 401, 403, 405, 413, 429, 500, 503}):
+        for status in sorted({*r.errors, 401, 403, 405, 408, 413, 429, 500, 503}):
             responses[str(status)] = {"description": _DESCRIPTIONS[status],
                                       "content": {"application/json": {"schema": error_ref}}}
         if not op["parameters"]:

@@ -178,7 +178,11 @@ class Server:
             try:
                 body = await ex.read_body(self.api.max_body if raw_path.startswith(V1) else 0)
             except HTTPError as e:
-                await ex.reply(e.status, f"{e.text}\n".encode(), close=True)
+                if raw_path.startswith(V1):  # the API's answers are JSON, its refusals too
+                    await self.api.refuse(ex, e.status, e.text)
+                else:
+                    await ex.reply(e.status, f"{e.text}\n".encode(), close=True)
+                await ex.linger()  # (the rest of the body is read and dropped: our answer is not reset away)
                 return False
         if raw_path in OPS_PATHS and req.method in ("GET", "HEAD"):
             # at the server's own root only: a proxy that forwards /chat/
