@@ -520,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the agent that answers sessions whose agent_id is NAME (repeatable; `default` replaces the "
                         "demo agent), e.g. gpt=sessionlog_store.server.agents.openai_compat:from_env")
     _retention(s)
+    s.add_argument("--producer-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="an external producer (HTTP API) silent this long loses its reply: aborted, producer lost")
     s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",
                    help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway with code 4")
     s.add_argument("--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}")

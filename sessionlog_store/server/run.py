@@ -88,6 +88,7 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
                               root_path=getattr(args, "root_path", "") or "",
                               ping_interval=getattr(args, "ws_ping_interval", 20.0),
                               ping_timeout=getattr(args, "ws_ping_interval", 20.0),
+                              producer_timeout=float(getattr(args, "producer_timeout", 30.0)),
                               auth=auth_config(args), limits=limits_of(args))
         if args.token:
             config.token = args.token

@@ -13,6 +13,7 @@ with the status `STATUS` gives the code.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Final, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
@@ -29,10 +30,14 @@ from sessionlog_store.server.edge.http import MAX_BODY, Exchange, Request
 from sessionlog_store.server.edge.openapi import openapi_document
 from sessionlog_store.server.edge.operations import Operations, OperationsHost
 from sessionlog_store.server.edge.routes import Call, Route
+from sessionlog_store.server.edge.producers import Producers, SeqGap, StaleEpoch
+from sessionlog_store.server.edge.streams import MessageStream, encode_offset
 
 log = logging.getLogger("sessionlog.http")
 
 V1: Final = "/v1/"
+STREAM: Final = "/v1/stream/"
+_MESSAGE_STREAM: Final = re.compile(r"^/v1/stream/sessions/(?P<session_id>[^/]+)/messages/(?P<msg_id>[^/]+)$")
 JSON: Final = "application/json"
 
 # An error code's HTTP status; a code not named here is a 400 (the caller's input).
@@ -43,6 +48,7 @@ STATUS: Final[dict[str, int]] = {
     "session_exists": 409, "reply_running": 409, "message_running": 409, "not_retryable": 409,
     "message_finished": 409, "project_frozen": 409, "project_not_bound": 409, "project_not_missing": 409,
     "path_in_use": 409, "default_project": 409, "not_running": 409, "read_only": 409, "shutting_down": 503,
+    "not_producer": 409, "content_type_mismatch": 409, "producer_seq_gap": 409, "stale_epoch": 403,
     "frame_too_large": 413, "body_too_large": 413, "body_timeout": 408,
     "rate_limited": 429, "limit_sessions": 429, "limit_projects": 429, "limit_running": 429,
     "store_broken": 503, "unavailable": 503, "internal": 500,
@@ -54,9 +60,11 @@ def status_of(code: str) -> int:
 
 
 class ApiError(Exception):
-    def __init__(self, code: str, message: str, status: int | None = None, allow: str | None = None) -> None:
+    def __init__(self, code: str, message: str, status: int | None = None, allow: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.code, self.message, self.status, self.allow = code, message, status or status_of(code), allow
+        self.code, self.message, self.status = code, message, status or status_of(code)
+        self.headers = {**(headers or {}), **({"Allow": allow} if allow else {})}
 
 
 # -- the handlers: each one action (or a few) through the operations -------------
@@ -147,6 +155,14 @@ async def _relocate(c: Call) -> Any:
                                               path=b.path)))[1]
 
 
+async def _open_reply(c: Call) -> Any:
+    b: t.NewReply = c.body
+    sid = c.args["session_id"]
+    reply = await c.ops.open_reply(sid, kind=b.kind, parent_id=b.parent_id, caller=b.caller)
+    return {"session_id": sid, "reply_id": reply.msg_id, "stream": f"{STREAM}sessions/{sid}/messages/{reply.msg_id}",
+            "producer_timeout": c.ops.server.producer_timeout}
+
+
 async def _running(c: Call) -> Any:
     return (await c.ops.run(p.ListRunning()))[1]
 
@@ -179,6 +195,9 @@ ROUTES: Final = (
           "\"stopped by user\")", _stop, t.Stopped, errors=(400, 401, 404, 409)),
     Route("POST", f"{_S}/messages/{{msg_id}}/retry", "retryMessage", "A new reply beside a finished one",
           _retry, t.RetryStarted, 201, errors=(400, 401, 404, 409, 429)),
+    Route("POST", f"{_S}/replies", "openReply", "A reply an external producer streams into (its placeholder "
+          "durable on return): append to its `stream`, close it to end it", _open_reply, t.ReplyOpened, 201,
+          body=t.NewReply, errors=(400, 401, 404, 409, 429)),
     Route("POST", f"{_S}/relocate", "relocateProject", "Point a session's project at its moved folder",
           _relocate, t.Relocated, body=t.Relocation, errors=(400, 401, 404, 409)),
     Route("POST", "/v1/chat", "chat", "A user's message and the server's agent's reply to it (in a new "
@@ -208,6 +227,8 @@ def _decode_query(target: str, kind: type) -> Any:
 
 class ApiHost(OperationsHost, Protocol):
     """What the API asks of its server (edge/ws.py's Server) beyond the operations'."""
+    producers: Producers
+
     def allowed_hosts(self) -> set[str]: ...
     def check_handshake(self, req: Request, trusted_peer: bool) -> Principal | str: ...
 
@@ -228,7 +249,12 @@ class Api:
         try:
             await self._handle(ex, req, body, remote, trusted_peer)
         except ApiError as e:
-            await self._error(ex, e.status, e.code, e.message, {"Allow": e.allow} if e.allow else None)
+            await self._error(ex, e.status, e.code, e.message, e.headers)
+        except StaleEpoch as e:
+            await self._error(ex, 403, e.code, e.message, {"Producer-Epoch": str(e.epoch)})
+        except SeqGap as e:
+            await self._error(ex, 409, e.code, e.message, {"Producer-Expected-Seq": str(e.expected),
+                                                           "Producer-Received-Seq": str(e.received)})
         except msgspec.DecodeError as e:  # (a ValidationError is one)
             await self._error(ex, 400, "bad_request", f"bad body: {e}")
         except ServiceError as e:
@@ -249,20 +275,11 @@ class Api:
                 raise ApiError("forbidden", "Host not allowed", 403)
             await ex.reply(200, self.document(), JSON, headers={"Cache-Control": "no-cache"})
             return
+        if req.path.startswith(STREAM):
+            await self._stream(ex, req, body, remote, trusted_peer)
+            return
         route, args = self._route(req)
-        who = server.check_handshake(req, trusted_peer)
-        if isinstance(who, str):
-            if who == REFUSED:
-                raise ApiError("unauthorized", who, 401)
-            raise ApiError("forbidden", who, 403)
-        quotas = server.quotas
-        refused, wait = quotas.check_frame(who.user, len(body), trio.current_time())
-        if refused is not None:
-            raise ApiError(refused.code, refused.message)
-        if wait:
-            await trio.sleep(wait)
-        if server.store.shutting_down:
-            raise ApiError("shutting_down", "the server is shutting down")
+        who = await self._principal(req, body, trusted_peer)
         call = Call(ops=self._operations(who, remote), args=args,
                     query=_decode_query(req.target, route.query) if route.query is not None else None,
                     body=self._decode(body, route.body) if route.body is not None else None)
@@ -277,6 +294,78 @@ class Api:
         except msgspec.ValidationError as e:  # a handler's answer off its own document: ours to fix
             raise RuntimeError(f"{route.name}'s answer does not match its document: {e}") from None
         await ex.reply(route.status, self._encoder.encode(checked), JSON)
+
+    async def _principal(self, req: Request, body: bytes, trusted_peer: bool) -> Principal:
+        """Who sends the request (as a WebSocket's handshake is checked), within its rate."""
+        server = self.server
+        who = server.check_handshake(req, trusted_peer)
+        if isinstance(who, str):
+            if who == REFUSED:
+                raise ApiError("unauthorized", who, 401)
+            raise ApiError("forbidden", who, 403)
+        refused, wait = server.quotas.check_frame(who.user, len(body), trio.current_time())
+        if refused is not None:
+            raise ApiError(refused.code, refused.message)
+        if wait:
+            await trio.sleep(wait)
+        if server.store.shutting_down:
+            raise ApiError("shutting_down", "the server is shutting down")
+        return who
+
+    async def _stream(self, ex: Exchange, req: Request, body: bytes, remote: str, trusted_peer: bool) -> None:
+        """/v1/stream/: the Durable Streams protocol (streams.py)."""
+        m = _MESSAGE_STREAM.match(req.path)
+        if m is None:
+            raise ApiError("not_found", f"no such stream: {req.path}")
+        if req.method not in ("GET", "HEAD", "POST"):
+            raise ApiError("method_not_allowed", f"{req.method} is not allowed here (allowed: GET, HEAD, POST)",
+                           allow="GET, HEAD, POST")
+        who = await self._principal(req, body, trusted_peer)
+        ops = self._operations(who, remote)
+        if req.method == "POST":
+            await self._append(ex, req, body, ops, m["session_id"], m["msg_id"])
+            return
+        if body:
+            raise ApiError("bad_request", "a read takes no body")
+        stream = MessageStream(ex, ops, req.target, m["session_id"], m["msg_id"])
+        await stream.answer(req.method, req.headers.get("if-none-match", ""))
+
+    async def _append(self, ex: Exchange, req: Request, body: bytes, ops: Operations, sid: str, mid: str) -> None:
+        """An external producer's append (and, with `Stream-Closed: true`, the reply's end): producers.py."""
+        h = req.headers
+        ctype = h.get("content-type", "").split(";")[0].strip().lower()
+        close = h.get("stream-closed", "").strip().lower() == "true"
+        if not ctype and body:
+            raise ApiError("bad_request", "an append needs Content-Type: text/plain")
+        if body and ctype != "text/plain":
+            raise ApiError("content_type_mismatch", f"this stream is text/plain, not {ctype[:60]!r}", 409)
+        if not body and not close:
+            raise ApiError("bad_request", "an empty append (no body and no Stream-Closed: true)")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError("bad_request", "the body is not UTF-8") from None
+        names = ("producer-id", "producer-epoch", "producer-seq")
+        given = [h.get(n) for n in names]
+        producer = None
+        if any(v is not None for v in given):
+            pid, epoch, seq = (v.strip() if v is not None else "" for v in given)
+            if not pid or not epoch.isdigit() or not seq.isdigit() or max(int(epoch), int(seq)) > 2**53 - 1:
+                raise ApiError("bad_request", "Producer-Id, Producer-Epoch and Producer-Seq go together: "
+                               "a non-empty id and two integers from 0 to 2^53-1")
+            producer = (pid, int(epoch), int(seq))
+        status = h.get("stream-status", "done").strip().lower() if close else None
+        if status not in (None, "done", "error"):
+            raise ApiError("bad_request", "Stream-Status: done or error")
+        ops.own(sid)
+        reply = self.server.producers.reply_of(sid, mid)
+        got = await self.server.producers.append(reply, text, producer, status, h.get("stream-error"))
+        headers = {"Stream-Next-Offset": encode_offset(got.next_offset)}
+        if got.producer is not None:
+            headers.update({"Producer-Epoch": str(got.producer[0]), "Producer-Seq": str(got.producer[1])})
+        if got.closed is not None:
+            headers.update({"Stream-Closed": "true", "Stream-Status": got.closed})
+        await ex.reply(got.status, headers=headers)
 
     def _route(self, req: Request) -> tuple[Route, dict[str, str]]:
         allowed = []

@@ -92,6 +92,15 @@ class NewChat(Body):
     source: Short | None = None
 
 
+class NewReply(Body):
+    """A reply an external producer streams into: a turn's answer
+    (`llm_reply`, no `caller`), or a tool call or agentic function under
+    the message that made it (`caller`)."""
+    kind: Literal["llm_reply", "tool_call", "agentic_fn", "task_spawn"] = "llm_reply"
+    parent_id: Sid | None = None
+    caller: Sid | None = None
+
+
 class NewProject(Body):
     path: Path
     name: Short = ""
@@ -213,6 +222,13 @@ class RetryStarted(Answer):
     session_id: str
     retried: str
     reply_id: str
+
+
+class ReplyOpened(Answer):
+    session_id: str
+    reply_id: str
+    stream: str             # its Durable Streams URL: read it, append to it, close it
+    producer_timeout: float
 
 
 class Stopped(Answer):

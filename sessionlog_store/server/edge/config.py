@@ -42,6 +42,9 @@ class ServerConfig:
     # user, MULTI_USER for the other modes).
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: Limits | None = None
+    # An external producer (edge/producers.py) silent this long loses its
+    # reply: it ends aborted, "producer lost".
+    producer_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.public_url is not None:

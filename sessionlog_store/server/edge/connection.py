@@ -21,12 +21,10 @@ from sessionlog_store.server.domain.errors import Conflict, ServiceError
 from sessionlog_store.server.domain.subscriptions import TERMINAL, MsgUpdate, Subscription, merge_updates, split_update
 from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.edge.auth import Principal
-from sessionlog_store.server.edge.operations import Operations, audit
+from sessionlog_store.server.edge.operations import Operations, OperationsHost, audit
 
 if TYPE_CHECKING:
-    from sessionlog_store.server.domain.store import SessionStore
     from sessionlog_store.server.edge.config import ServerConfig
-    from sessionlog_store.server.edge.limits import Quotas
 
 log = logging.getLogger("sessionlog.ws")
 
@@ -68,17 +66,12 @@ class _Pending:
         self.key, self.update, self.frame = key, update, frame
 
 
-class ConnectionHost(Protocol):
-    """What a connection asks of its server (edge/ws.py's Server)."""
-    store: SessionStore
+class ConnectionHost(OperationsHost, Protocol):
+    """What a connection asks of its server (edge/ws.py's Server), beyond the operations'."""
     config: ServerConfig
-    quotas: Quotas
     dropped: int  # connections dropped for not taking frames (metrics)
 
     def shared_frame(self, update: MsgUpdate) -> str: ...
-    def push_projects(self, owner: str) -> None: ...
-    async def start_reply(self, session_id: str, parent_id: str | None, user: str = "",
-                          reserved: bool = False, reply_id: str | None = None) -> str: ...
 
 
 class Connection:

@@ -19,6 +19,7 @@ from sessionlog_store.server.edge.auth import Principal
 
 if TYPE_CHECKING:
     from sessionlog_store.server.domain.store import SessionStore
+    from sessionlog_store.server.edge.producers import ExternalReply
     from sessionlog_store.server.edge.limits import Quotas
 
 # Every read an admin makes of another user's sessions (docs/SECURITY.md).
@@ -30,9 +31,13 @@ class OperationsHost(Protocol):
     store: SessionStore
     quotas: Quotas
 
+    producer_timeout: float  # (the producers' silence bound)
+
     def push_projects(self, owner: str) -> None: ...
     async def start_reply(self, session_id: str, parent_id: str | None, user: str = "",
                           reserved: bool = False, reply_id: str | None = None) -> str: ...
+    async def open_external_reply(self, session_id: str, user: str, *, kind: str, parent_id: str | None,
+                                  caller: str | None) -> ExternalReply: ...
 
 
 class Operations:
@@ -201,6 +206,14 @@ class Operations:
             raise ServiceError("bad_field", "a user message must not be empty")
         return await self.store.append_message(sid, content, role=role, kind=kind, parent_id=parent_id,
                                                metadata=metadata)
+
+    async def open_reply(self, sid: str, *, kind: str, parent_id: str | None,
+                         caller: str | None) -> ExternalReply:
+        """A reply of this user's session that an external producer streams
+        (edge/producers.py); its placeholder is durable on return."""
+        self.own(sid)
+        return await self.server.open_external_reply(sid, self.principal.user, kind=kind, parent_id=parent_id,
+                                                     caller=caller)
 
     async def _update(self, sid: str, **fields: Any) -> dict[str, Any]:
         self.own(sid)

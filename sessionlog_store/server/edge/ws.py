@@ -34,6 +34,7 @@ from sessionlog_store.server.edge.limits import MULTI_USER, Limits, Quotas
 from sessionlog_store.server.edge.api import V1, Api
 from sessionlog_store.server.edge.assets import STATIC_NAME, Assets, representation
 from sessionlog_store.server.edge.http import Exchange, HTTPError, Request
+from sessionlog_store.server.edge.producers import ExternalReply, Producers
 from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
 from sessionlog_store.server.edge.metrics import ServerMetrics, readiness
 
@@ -63,6 +64,8 @@ class Server:
         store.scoped_watchers.append(self._on_store_change)
         self.metrics = ServerMetrics(self)
         self.assets = Assets()
+        self.producers = Producers(store, self.quotas, config.producer_timeout)
+        self.producer_timeout = config.producer_timeout
         self.api = Api(self)
 
     # -- security --------------------------------------------------------------
@@ -372,6 +375,13 @@ class Server:
             log.exception("the agent failed in session %s", session_id)
         finally:
             self.quotas.end_reply(user)
+
+    async def open_external_reply(self, session_id: str, user: str, *, kind: str, parent_id: str | None,
+                                  caller: str | None) -> ExternalReply:
+        """A reply an external producer streams into (edge/producers.py)."""
+        assert self._agents is not None
+        return await self.producers.open(self._agents, session_id, user, kind=kind, parent_id=parent_id,
+                                         caller=caller)
 
     async def prepare_stop(self, timeout: float = 2.0) -> None:
         """The first part of a graceful stop, while connections are still
