@@ -358,8 +358,11 @@ class Api:
         if status not in (None, "done", "error"):
             raise ApiError("bad_request", "Stream-Status: done or error")
         ops.own(sid)
-        reply = self.server.producers.reply_of(sid, mid)
-        got = await self.server.producers.append(reply, text, producer, status, h.get("stream-error"))
+        producers = self.server.producers
+        got = producers.retried(sid, mid, producer)
+        if got is None:
+            reply = producers.reply_of(sid, mid)
+            got = await producers.append(reply, text, producer, status, h.get("stream-error"))
         headers = {"Stream-Next-Offset": encode_offset(got.next_offset)}
         if got.producer is not None:
             headers.update({"Producer-Epoch": str(got.producer[0]), "Producer-Seq": str(got.producer[1])})

@@ -10,8 +10,9 @@ the server opens a reply, streams text into it over HTTP and ends it.
 
 Each open reply is an in-flight message of the store (`store.inflight`, as
 an in-process agent's) held by a task of the server's: its placeholder is
-durable before the open is answered; an append is `write` (durable within
-the progress interval, fanned out as any reply's); a stop (a user's Stop,
+durable before the open is answered; an append is one progress record, in
+the log and fanned out when it is answered (a reader reads its own writes)
+and durable with the next group commit; a stop (a user's Stop,
 from any client) ends it `aborted` "stopped by user" and the producer's next
 append is refused `message_finished`; a producer silent for longer than
 the producer timeout has its reply ended `aborted` "producer lost", with
@@ -83,7 +84,9 @@ class Producers:
     def __init__(self, store: SessionStore, quotas: Quotas, timeout: float = PRODUCER_TIMEOUT) -> None:
         self.store, self.quotas, self.timeout = store, quotas, timeout
         self.replies: dict[tuple[str, str], ExternalReply] = {}
-        self.ended: OrderedDict[tuple[str, str], str] = OrderedDict()  # how a recent one ended
+        # How a recent one ended, with its producers' last (epoch, seq): a
+        # retried close (its answer lost) is answered as the close was.
+        self.ended: OrderedDict[tuple[str, str], tuple[str, dict[str, Producer]]] = OrderedDict()
 
     async def open(self, nursery: trio.Nursery, session_id: str, owner: str, *, kind: str,
                    parent_id: str | None, caller: str | None) -> ExternalReply:
@@ -146,7 +149,7 @@ class Producers:
                 self.replies.pop(key, None)
                 m = store.loaded(session_id)
                 node = m.messages.get(reply.msg_id) if m is not None else None
-                self.ended[key] = node.status if node is not None else "aborted"
+                self.ended[key] = (node.status if node is not None else "aborted", dict(reply.producers))
                 while len(self.ended) > ENDED_KEPT:
                     self.ended.popitem(last=False)
                 reply.ended.set()
@@ -158,7 +161,8 @@ class Producers:
             return reply
         state = self.store.loaded(session_id)
         node = state.messages.get(msg_id) if state is not None else None
-        how = self.ended.get((session_id, msg_id)) or (node.status if node is not None else None)
+        kept = self.ended.get((session_id, msg_id))
+        how = kept[0] if kept is not None else node.status if node is not None else None
         if how is not None and how not in ("running", "pending"):
             reason = node.metadata.get("aborted_reason") if node is not None else None
             raise Conflict("message_finished", f"message {msg_id} has ended ({how}"
@@ -191,14 +195,34 @@ class Producers:
             if reply.msg.finished:  # (stopped, or lost, while this request waited)
                 self.reply_of(reply.session_id, reply.msg_id)
             reply.msg.write(text)
+            # One record per append (a producer batches its own deltas): at
+            # once in the log and told to every reader (read-your-writes),
+            # durable with the next group commit.
+            self.store.saver.flush(reply.msg)
             if close is None:
                 return AppendResult(200 if echo is not None else 204, reply.msg.length, echo)
             reply.failure = (error or "the producer failed") if close == "error" else None
             reply.closing.set()
             with trio.CancelScope(shield=True):
                 await reply.ended.wait()  # its finalize is durable
+            kept = self.ended.get((reply.session_id, reply.msg_id))
             return AppendResult(200 if echo is not None else 204, reply.msg.length, echo,
-                                closed=self.ended.get((reply.session_id, reply.msg_id), close))
+                                closed=kept[0] if kept is not None else close)
+
+    def retried(self, session_id: str, msg_id: str, producer: tuple[str, int, int] | None) -> AppendResult | None:
+        """An ended reply's append that its producer had made already (a retry
+        whose answer was lost): answered as a duplicate, with how it ended."""
+        kept = self.ended.get((session_id, msg_id))
+        if kept is None or producer is None:
+            return None
+        how, producers = kept
+        pid, epoch, seq = producer
+        last = producers.get(pid)
+        if last is None or epoch != last.epoch or seq > last.seq:
+            return None
+        state = self.store.loaded(session_id)
+        node = state.messages.get(msg_id) if state is not None else None
+        return AppendResult(204, len(node.content) if node is not None else 0, (epoch, last.seq), closed=how)
 
 
 class StaleEpoch(ServiceError):

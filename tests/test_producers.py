@@ -1,0 +1,231 @@
+"""Streams and external producers over HTTP (issue 27 items 2 and 3;
+docs/HTTP.md): a backend outside the server streams a reply in, readers
+follow it by SSE or long-poll and resume exactly from an offset, a Stop
+reaches the producer, a silent producer loses its reply, and appends are
+exactly once across retries. The first test is the curl-only session of
+the issue, with the real curl against a real `serve` process."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from sessionlog_store.server.edge.auth import AuthConfig
+from sessionlog_store.server.edge.client import open_client
+from sessionlog_store.server.edge.streams import encode_offset
+
+from .httpc import HttpClient
+from .processes import ServeProcess, free_port
+from .test_deploy import start
+from .test_users import TOKENS, tokens_file
+from .test_users import start as start_users
+from .test_ws import TOKEN
+
+CURL = shutil.which("curl")
+
+
+def curl(*args: str, timeout: float = 30) -> str:
+    assert CURL is not None
+    return subprocess.run([CURL, "-s", "--fail-with-body", *args], capture_output=True, text=True,
+                          timeout=timeout, check=True).stdout
+
+
+def sse_events(text: str) -> list[tuple[str, str]]:
+    """(event, data) of each event of an SSE body (data lines joined by LF)."""
+    out = []
+    for block in text.split("\n\n"):
+        kind, data = "message", []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                kind = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[6:] if line.startswith("data: ") else line[5:])
+        if data:
+            out.append((kind, "\n".join(data)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CURL is None, reason="curl is not installed (.ci/run installs it)")
+def test_a_curl_only_session_end_to_end(tmp_path: Path):
+    server = ServeProcess(str(tmp_path / "root"), free_port(), token="curl-token", extra=("--producer-timeout", "2"))
+    server.start()
+    url, auth = f"http://127.0.0.1:{server.port}", ["-H", "Authorization: Bearer curl-token"]
+    try:
+        sid = json.loads(curl(*auth, "-X", "POST", "-d", "{}", f"{url}/v1/sessions"))["session"]["id"]
+        curl(*auth, "-X", "POST", "-d", '{"content": "write me a poem"}', f"{url}/v1/sessions/{sid}/messages")
+        opened = json.loads(curl(*auth, "-X", "POST", "-d", "{}", f"{url}/v1/sessions/{sid}/replies"))
+        stream = url + opened["stream"]
+
+        def append(text: str, seq: int, *extra: str) -> dict[str, str]:
+            out = subprocess.run([CURL, "-s", "-i", *auth, "-H", "Content-Type: text/plain", "-H", "Producer-Id: poet",
+                                  "-H", "Producer-Epoch: 0", "-H", f"Producer-Seq: {seq}", *extra,
+                                  "--data-binary", text, stream], capture_output=True, text=True, check=True).stdout
+            head = out.split("\n\n")[0].split("\n")  # (text mode: CRLF read as LF)
+            return {"status": head[0].split()[1], **{k.lower(): v.strip() for k, _, v in
+                                                      (ln.partition(":") for ln in head[1:])}}
+
+        lines = [f"line {i}: the log holds what was said\n" for i in range(6)]
+        assert append(lines[0], 0)["status"] == "200"
+        # A reader follows by SSE (`curl -N`) and is cut after the first pieces.
+        reader = subprocess.Popen([CURL, "-s", "-N", *auth, f"{stream}?offset=-1&live=sse"], stdout=subprocess.PIPE,
+                                  text=True)
+        assert reader.stdout is not None
+        got = ""
+        while "streamNextOffset" not in got:
+            got += reader.stdout.readline()
+        for i, line in enumerate(lines[1:3], 1):
+            assert append(line, i)["status"] == "200"
+        while "0000000000000" + str(len("".join(lines[:3]))) not in got:
+            got += reader.stdout.readline()
+        reader.kill()
+        reader.wait()
+        events = sse_events(got)
+        seen = "".join(d for k, d in events if k == "data")
+        last = [json.loads(d) for k, d in events if k == "control"][-1]["streamNextOffset"]
+        assert seen == "".join(lines[:3]) and last == encode_offset(len(seen))
+        # The producer goes on, a retry of an append adds nothing, then it ends the reply.
+        assert append(lines[3], 3)["status"] == "200"
+        assert append(lines[3], 3)["status"] == "204", "a retried append is stored once"
+        assert append(lines[4], 4)["status"] == "200"
+        end = append(lines[5], 5, "-H", "Stream-Closed: true")
+        assert end["status"] == "200" and end.get("stream-closed") == "true" and end["stream-status"] == "done", end
+        # The cut reader resumes from its offset and gets exactly the rest, then the closure.
+        rest = curl(*auth, f"{stream}?offset={last}")
+        assert rest == "".join(lines[3:])
+        head = subprocess.run([CURL, "-s", "-I", *auth, stream], capture_output=True, text=True).stdout.lower()
+        assert "stream-closed: true" in head and "stream-status: done" in head
+        assert json.loads(curl(*auth, f"{url}/v1/sessions/{sid}"))["messages"][-1]["content"] == "".join(lines)
+
+        # A second reply, stopped by a WebSocket client: the producer's next append is refused.
+        second = json.loads(curl(*auth, "-X", "POST", "-d", "{}", f"{url}/v1/sessions/{sid}/replies"))
+        stream2 = url + second["stream"]
+        curl(*auth, "-H", "Content-Type: text/plain", "--data-binary", "half a thought", stream2)
+
+        async def stop_over_the_websocket() -> None:
+            async with open_client("127.0.0.1", server.port, "curl-token") as ws:
+                await ws.request("stop", session_id=sid, msg_id=second["reply_id"])
+        trio.run(stop_over_the_websocket)
+        refused = subprocess.run([CURL, "-s", *auth, "-H", "Content-Type: text/plain", "--data-binary", "more",
+                                  "-w", "\n%{http_code}", stream2], capture_output=True, text=True).stdout
+        body, code = refused.rsplit("\n", 1)
+        assert code == "409" and json.loads(body)["error"]["code"] == "message_finished" and "stopped by user" in body
+
+        # A third producer goes silent: its reply ends "producer lost", with what it had sent, once.
+        third = json.loads(curl(*auth, "-X", "POST", "-d", "{}", f"{url}/v1/sessions/{sid}/replies"))
+        curl(*auth, "-H", "Content-Type: text/plain", "--data-binary", "and then", url + third["stream"])
+        deadline = time.monotonic() + 30
+        while True:  # (the server's own timer: polled by reads, each an event of its own)
+            msgs = json.loads(curl(*auth, f"{url}/v1/sessions/{sid}?msg_id={third['reply_id']}"))["messages"]
+            m = next(x for x in msgs if x["msg_id"] == third["reply_id"])
+            if m["status"] != "running" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert (m["status"], m["content"], m["metadata"].get("aborted_reason")) == ("aborted", "and then",
+                                                                                     "producer lost")
+    finally:
+        server.stop()
+    # Each reply was ended once, as the log holds it: done, stopped, lost.
+    records = [json.loads(ln) for p in (tmp_path / "root").rglob("log.jsonl") for ln in p.read_text().splitlines()]
+    ends = [(r["msg_id"], r.get("status", "done"), r.get("aborted_reason")) for r in records if r["type"] == "message_finalized"]
+    assert ends == [(opened["reply_id"], "done", None), (second["reply_id"], "aborted", "stopped by user"),
+                    (third["reply_id"], "aborted", "producer lost")]
+
+
+async def test_sse_and_long_poll_readers_resume_exactly(root, nursery):
+    server = await start(nursery, root)
+    async with HttpClient(server.port, TOKEN) as c:
+        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        opened = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        stream = opened["stream"]
+        for piece in ["zero ", "one ", "two "]:
+            a = await c.request("POST", stream, raw=piece.encode(), headers={"Content-Type": "text/plain"})
+            assert a.status == 204
+        a = await c.request("GET", f"{stream}?offset={encode_offset(5)}")
+        assert a.body == b"one two " and a.headers["stream-next-offset"] == encode_offset(13)
+        assert "stream-closed" not in a.headers
+        again = await c.request("GET", f"{stream}?offset={encode_offset(5)}", headers={"If-None-Match": a.headers["etag"]})
+        assert again.status == 304
+        # A long-poll at the tail waits for the next append, and gets exactly it.
+        async with HttpClient(server.port, TOKEN) as poller:
+            async with trio.open_nursery() as n:
+                got: list = []
+
+                async def poll() -> None:
+                    got.append(await poller.request("GET", f"{stream}?offset={encode_offset(13)}&live=long-poll"))
+                n.start_soon(poll)
+                await trio.sleep(0)  # (the poll is sent; the append below may come before or after it waits)
+                await c.request("POST", stream, raw="three".encode(), headers={"Content-Type": "text/plain"})
+            assert got[0].status == 200 and got[0].body == b"three"
+            assert got[0].headers["stream-next-offset"] == encode_offset(18) and got[0].headers["stream-cursor"]
+        end = await c.request("POST", stream, headers={"Content-Type": "text/plain", "Stream-Closed": "true"})
+        assert end.headers["stream-closed"] == "true" and end.headers["stream-status"] == "done"
+        # A closed stream's SSE read from the middle: the rest, then a control event that closes it.
+        a = await c.request("GET", f"{stream}?offset={encode_offset(9)}&live=sse")
+        events = sse_events(a.body.decode())
+        assert "".join(d for k, d in events if k == "data") == "two three"
+        control = json.loads([d for k, d in events if k == "control"][-1])
+        assert control["streamClosed"] is True and control["status"] == "done"
+        assert control["streamNextOffset"] == encode_offset(18)
+        assert a.headers["x-accel-buffering"] == "no" and a.headers["content-type"].startswith("text/event-stream")
+        for bad in ("12", "abc", encode_offset(99)):
+            a = await c.request("GET", f"{stream}?offset={bad}")
+            assert a.status == 400 and a.json()["error"]["code"] == "bad_offset", bad
+
+
+async def test_producer_appends_are_exactly_once_and_fenced(root, nursery):
+    server = await start(nursery, root)
+    async with HttpClient(server.port, TOKEN) as c:
+        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        stream = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()["stream"]
+
+        async def append(text: str, epoch: int, seq: int, **extra: str):  # type: ignore[no-untyped-def]
+            return await c.request("POST", stream, raw=text.encode(), headers={
+                "Content-Type": "text/plain", "Producer-Id": "p", "Producer-Epoch": str(epoch),
+                "Producer-Seq": str(seq), **extra})
+        assert (await append("a", 0, 0)).status == 200
+        assert (await append("a", 0, 0)).status == 204
+        gap = await append("c", 0, 2)
+        assert gap.status == 409 and gap.headers["producer-expected-seq"] == "1"
+        assert (await append("b", 0, 1)).status == 200
+        assert (await append("X", 1, 3)).status == 400, "a new epoch starts at 0"
+        assert (await append("c", 1, 0)).status == 200  # a restarted producer claims the reply
+        stale = await append("zombie", 0, 2)
+        assert stale.status == 403 and stale.headers["producer-epoch"] == "1"
+        only_some = await c.request("POST", stream, raw=b"x", headers={"Content-Type": "text/plain", "Producer-Id": "p"})
+        assert only_some.status == 400
+        wrong_type = await c.request("POST", stream, raw=b"{}", headers={"Content-Type": "application/json"})
+        assert wrong_type.status == 409 and wrong_type.json()["error"]["code"] == "content_type_mismatch"
+        empty = await c.request("POST", stream, raw=b"", headers={"Content-Type": "text/plain"})
+        assert empty.status == 400
+        end = await append("", 1, 1, **{"Stream-Closed": "true", "Stream-Status": "error",
+                                       "Stream-Error": "the model went away"})
+        assert end.headers["stream-status"] == "error"
+        assert (await append("", 1, 1, **{"Stream-Closed": "true"})).status == 204, "a retried close is stored once"
+        msg = (await c.request("GET", f"/v1/sessions/{sid}")).json()["messages"][-1]
+        assert msg["content"] == "abc" and msg["status"] == "error" and "the model went away" in msg["error"]
+
+
+async def test_a_producer_writes_only_its_users_sessions_and_only_external_replies(root, nursery, tmp_path):
+    server = await start_users(nursery, root, auth=AuthConfig(mode="tokens-file", tokens_file=tokens_file(tmp_path)))
+    async with HttpClient(server.port, TOKENS["alice"]) as alice, HttpClient(server.port, TOKENS["bob"]) as bob:
+        sid = (await alice.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        opened = (await alice.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        assert (await bob.request("POST", f"/v1/sessions/{sid}/replies", {})).status == 404
+        a = await bob.request("POST", opened["stream"], raw=b"not yours", headers={"Content-Type": "text/plain"})
+        assert a.status == 404 and a.json()["error"]["code"] == "unknown_session"
+        assert (await bob.request("GET", opened["stream"])).status == 404
+        # A turn at a time: a second reply while this one runs is refused, as a chat is.
+        busy = await alice.request("POST", f"/v1/sessions/{sid}/replies", {})
+        assert busy.status == 409 and busy.json()["error"]["code"] == "reply_running"
+        # A reply the server's own agent streams takes no external appends.
+        ack = (await alice.request("POST", "/v1/chat", {"content": "hello"})).json()
+        a = await alice.request("POST", f"/v1/stream/sessions/{ack['session_id']}/messages/{ack['reply_id']}",
+                                raw=b"x", headers={"Content-Type": "text/plain"})
+        assert a.status == 409 and a.json()["error"]["code"] in ("not_producer", "message_finished")
+        assert (await alice.request("GET", opened["stream"])).body == b""
