@@ -177,11 +177,15 @@ class Server:
             await ex.reply(400, b"bad request\n", close=True)
             return False
         upgrade = req.headers.get("upgrade", "").lower() == "websocket"
+        peer_ip = remote.rsplit(":", 1)[0].strip("[]")
+        local, forwarded_for = self.localize(req, peer_ip)  # (the path without the root path: /chat/v1/ is /v1/)
+        api = local.path.startswith(V1)
+        body = b""
         if not upgrade:
             try:
-                body = await ex.read_body(self.api.max_body if raw_path.startswith(V1) else 0)
+                body = await ex.read_body(self.api.max_body if api else 0)
             except HTTPError as e:
-                if raw_path.startswith(V1):  # the API's answers are JSON, its refusals too
+                if api:  # the API's answers are JSON, its refusals too
                     await self.api.refuse(ex, e.status, e.text)
                 else:
                     await ex.reply(e.status, f"{e.text}\n".encode(), close=True)
@@ -198,15 +202,14 @@ class Server:
             query = urlsplit(req.target).query
             await ex.reply(301, headers={"Location": f"{root}/" + (f"?{query}" if query else "")})
             return True
-        peer_ip = remote.rsplit(":", 1)[0].strip("[]")
         trusted_peer = bool(self.config.forwarded_allow_ips) and self._trusted(peer_ip)
-        req, forwarded_for = self.localize(req, peer_ip)
+        req = local
         if forwarded_for is not None:
             remote = f"{forwarded_for} (via {remote})"
         if req.path == "/ws" and upgrade:
             await self._upgrade(ex, req, remote, trusted_peer)
             return False
-        if req.path.startswith(V1):
+        if api:
             return await self.api.handle(ex, req, body, remote, trusted_peer)
         if req.method in ("GET", "HEAD"):
             await self._static(ex, req)
