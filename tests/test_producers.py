@@ -17,7 +17,7 @@ import trio
 
 from sessionlog_store.server.edge.auth import AuthConfig
 from sessionlog_store.server.edge.client import open_client
-from sessionlog_store.server.edge.streams import encode_offset
+from sessionlog_store.server.edge.streams import encode_offset, stream_tag
 
 from .httpc import HttpClient
 from .processes import ServeProcess, free_port
@@ -81,14 +81,14 @@ def test_a_curl_only_session_end_to_end(tmp_path: Path):
             got += reader.stdout.readline()
         for i, line in enumerate(lines[1:3], 1):
             assert append(line, i)["status"] == "200"
-        while "0000000000000" + str(len("".join(lines[:3]))) not in got:
+        while encode_offset(len("".join(lines[:3])), stream_tag(sid, opened["reply_id"])) not in got:
             got += reader.stdout.readline()
         reader.kill()
         reader.wait()
         events = sse_events(got)
         seen = "".join(d for k, d in events if k == "data")
         last = [json.loads(d) for k, d in events if k == "control"][-1]["streamNextOffset"]
-        assert seen == "".join(lines[:3]) and last == encode_offset(len(seen))
+        assert seen == "".join(lines[:3]) and last == encode_offset(len(seen), stream_tag(sid, opened["reply_id"]))
         # The producer goes on, a retry of an append adds nothing, then it ends the reply.
         assert append(lines[3], 3)["status"] == "200"
         assert append(lines[3], 3)["status"] == "204", "a retried append is stored once"
@@ -142,14 +142,14 @@ async def test_sse_and_long_poll_readers_resume_exactly(root, nursery):
     async with HttpClient(server.port, TOKEN) as c:
         sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
         opened = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
-        stream = opened["stream"]
+        stream, tag = opened["stream"], stream_tag(sid, opened["reply_id"])
         for piece in ["zero ", "one ", "two "]:
             a = await c.request("POST", stream, raw=piece.encode(), headers={"Content-Type": "text/plain"})
             assert a.status == 204
-        a = await c.request("GET", f"{stream}?offset={encode_offset(5)}")
-        assert a.body == b"one two " and a.headers["stream-next-offset"] == encode_offset(13)
+        a = await c.request("GET", f"{stream}?offset={encode_offset(5, tag)}")
+        assert a.body == b"one two " and a.headers["stream-next-offset"] == encode_offset(13, tag)
         assert "stream-closed" not in a.headers
-        again = await c.request("GET", f"{stream}?offset={encode_offset(5)}", headers={"If-None-Match": a.headers["etag"]})
+        again = await c.request("GET", f"{stream}?offset={encode_offset(5, tag)}", headers={"If-None-Match": a.headers["etag"]})
         assert again.status == 304
         # A long-poll at the tail waits for the next append, and gets exactly it.
         async with HttpClient(server.port, TOKEN) as poller:
@@ -157,23 +157,23 @@ async def test_sse_and_long_poll_readers_resume_exactly(root, nursery):
                 got: list = []
 
                 async def poll() -> None:
-                    got.append(await poller.request("GET", f"{stream}?offset={encode_offset(13)}&live=long-poll"))
+                    got.append(await poller.request("GET", f"{stream}?offset={encode_offset(13, tag)}&live=long-poll"))
                 n.start_soon(poll)
                 await trio.sleep(0)  # (the poll is sent; the append below may come before or after it waits)
                 await c.request("POST", stream, raw="three".encode(), headers={"Content-Type": "text/plain"})
             assert got[0].status == 200 and got[0].body == b"three"
-            assert got[0].headers["stream-next-offset"] == encode_offset(18) and got[0].headers["stream-cursor"]
+            assert got[0].headers["stream-next-offset"] == encode_offset(18, tag) and got[0].headers["stream-cursor"]
         end = await c.request("POST", stream, headers={"Content-Type": "text/plain", "Stream-Closed": "true"})
         assert end.headers["stream-closed"] == "true" and end.headers["stream-status"] == "done"
         # A closed stream's SSE read from the middle: the rest, then a control event that closes it.
-        a = await c.request("GET", f"{stream}?offset={encode_offset(9)}&live=sse")
+        a = await c.request("GET", f"{stream}?offset={encode_offset(9, tag)}&live=sse")
         events = sse_events(a.body.decode())
         assert "".join(d for k, d in events if k == "data") == "two three"
         control = json.loads([d for k, d in events if k == "control"][-1])
         assert control["streamClosed"] is True and control["status"] == "done"
-        assert control["streamNextOffset"] == encode_offset(18)
+        assert control["streamNextOffset"] == encode_offset(18, tag)
         assert a.headers["x-accel-buffering"] == "no" and a.headers["content-type"].startswith("text/event-stream")
-        for bad in ("12", "abc", encode_offset(99)):
+        for bad in ("12", "abc", encode_offset(99, tag), encode_offset(3, stream_tag(sid, "another"))):
             a = await c.request("GET", f"{stream}?offset={bad}")
             assert a.status == 400 and a.json()["error"]["code"] == "bad_offset", bad
 

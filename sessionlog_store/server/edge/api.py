@@ -31,7 +31,7 @@ from sessionlog_store.server.edge.openapi import openapi_document
 from sessionlog_store.server.edge.operations import Operations, OperationsHost
 from sessionlog_store.server.edge.routes import Call, Route
 from sessionlog_store.server.edge.producers import Producers, SeqGap, StaleEpoch
-from sessionlog_store.server.edge.streams import MessageStream, encode_offset
+from sessionlog_store.server.edge.streams import MessageStream, encode_offset, stream_tag
 
 log = logging.getLogger("sessionlog.http")
 
@@ -363,7 +363,7 @@ class Api:
         if got is None:
             reply = producers.reply_of(sid, mid)
             got = await producers.append(reply, text, producer, status, h.get("stream-error"))
-        headers = {"Stream-Next-Offset": encode_offset(got.next_offset)}
+        headers = {"Stream-Next-Offset": encode_offset(got.next_offset, stream_tag(sid, mid))}
         if got.producer is not None:
             headers.update({"Producer-Epoch": str(got.producer[0]), "Producer-Seq": str(got.producer[1])})
         if got.closed is not None:

@@ -6,8 +6,10 @@ message as the stream's closure.
     GET /v1/stream/sessions/{session_id}/messages/{msg_id}?offset=<o>[&live=long-poll|sse]
 
 The stream is the message's text (`text/plain; charset=utf-8`). An offset is
-16 decimal digits, the number of characters before it (opaque to a client,
-sortable); `-1` is the start, `now` the tail. Every answer says
+16 decimal digits, the number of characters before it, and a tag of its
+stream (`0000000000000042_3fa9c1`: opaque to a client, sortable within its
+stream; an offset of another stream is refused, not misread); `-1` is the
+start, `now` the tail. Every answer says
 `Stream-Next-Offset`; once the message has ended, a read at its end says
 `Stream-Closed: true` and `Stream-Status` (done, error, aborted). A reader
 is a subscription of the store (as a WebSocket client's): bounded, and
@@ -16,6 +18,7 @@ its last offset.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Final
@@ -42,21 +45,30 @@ _CURSOR_EPOCH: Final = 1728432000.0
 _SSE_HEADERS: Final = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
-def encode_offset(chars: int) -> str:
-    return f"{chars:0{OFFSET_DIGITS}d}"
+def stream_tag(session_id: str, msg_id: str) -> str:
+    """What an offset of this message's stream ends with."""
+    return hashlib.blake2s(f"{session_id}/{msg_id}".encode(), digest_size=3).hexdigest()
 
 
-def decode_offset(text: str | None, tail: int) -> int:
+def encode_offset(chars: int, tag: str) -> str:
+    return f"{chars:0{OFFSET_DIGITS}d}_{tag}"
+
+
+def decode_offset(text: str | None, tail: int, tag: str) -> int:
     """Characters before the offset `text` ("-1": 0, "now": `tail`)."""
     if text is None or text == "-1":
         return 0
     if text == "now":
         return tail
-    if len(text) != OFFSET_DIGITS or not text.isdigit():
-        raise BadRequest("bad_offset", f"offset {text[:40]!r} is not one of this stream's (16 digits, -1 or now)")
-    n = int(text)
+    digits, _, of = text.partition("_")
+    if len(digits) != OFFSET_DIGITS or not digits.isdigit() or not of:
+        raise BadRequest("bad_offset", f"offset {text[:40]!r} is not an offset (16 digits and a stream's tag, "
+                         "-1 or now)")
+    if of != tag:
+        raise BadRequest("bad_offset", f"offset {text[:40]!r} is another stream's")
+    n = int(digits)
     if n > tail:
-        raise BadRequest("bad_offset", f"offset {text} is beyond the stream's end ({encode_offset(tail)})")
+        raise BadRequest("bad_offset", f"offset {text} is beyond the stream's end ({encode_offset(tail, tag)})")
     return n
 
 
@@ -76,6 +88,7 @@ class MessageStream:
     def __init__(self, ex: Exchange, ops: Operations, target: str, session_id: str, msg_id: str) -> None:
         self.ex, self.ops, self.store = ex, ops, ops.store
         self.session_id, self.msg_id = session_id, msg_id
+        self.tag = stream_tag(session_id, msg_id)
         query = dict(parse_qsl(urlsplit(target).query, keep_blank_values=True))
         self.live = query.get("live")
         self.offset = query.get("offset")
@@ -89,7 +102,7 @@ class MessageStream:
         m = state.messages.get(self.msg_id)
         if m is None:
             raise NotFound("unknown_message", f"unknown message {self.msg_id!r}")
-        start = decode_offset(self.offset, len(m.content))
+        start = decode_offset(self.offset, len(m.content), self.tag)
         if method == "HEAD" or self.live is None:
             await self._catch_up(start, m.content, m.status, method, if_none_match)
         elif self.live == "long-poll":
@@ -102,9 +115,9 @@ class MessageStream:
 
     async def _catch_up(self, start: int, content: str, status: str, method: str, if_none_match: str) -> None:
         end = len(content)
-        tag = f'"{self.session_id}:{self.msg_id}:{encode_offset(start)}:{encode_offset(end)}"'
+        tag = f'"{self.session_id}:{self.msg_id}:{encode_offset(start, self.tag)}:{encode_offset(end, self.tag)}"'
         closed = status in TERMINAL
-        headers = {"Stream-Next-Offset": encode_offset(end), "Stream-Up-To-Date": "true",
+        headers = {"Stream-Next-Offset": encode_offset(end, self.tag), "Stream-Up-To-Date": "true",
                    "Cache-Control": "private, max-age=60" if closed else "no-store", **self._closing(status)}
         if self.offset != "now":
             headers["ETag"] = tag
@@ -130,7 +143,7 @@ class MessageStream:
         finally:
             sub.close()
         pos += len(text)
-        headers = {"Stream-Next-Offset": encode_offset(pos), "Stream-Cursor": cursor(self.cursor),
+        headers = {"Stream-Next-Offset": encode_offset(pos, self.tag), "Stream-Cursor": cursor(self.cursor),
                    "Cache-Control": "no-store", **self._closing(status)}
         if not text:
             await self.ex.reply(204, headers={**headers, "Stream-Up-To-Date": "true"})
@@ -160,7 +173,7 @@ class MessageStream:
                                                          u.content_delta.split("\n")) + "\n"
                         pos += len(u.content_delta)
                     status = u.status
-                    control: dict[str, object] = {"streamNextOffset": encode_offset(pos),
+                    control: dict[str, object] = {"streamNextOffset": encode_offset(pos, self.tag),
                                                   "streamCursor": cursor(self.cursor)}
                     if first or not u.more:
                         control["upToDate"] = not u.more
