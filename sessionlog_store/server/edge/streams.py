@@ -145,8 +145,9 @@ class MessageStream:
         pos += len(text)
         headers = {"Stream-Next-Offset": encode_offset(pos, self.tag), "Stream-Cursor": cursor(self.cursor),
                    "Cache-Control": "no-store", **self._closing(status)}
+        headers["Stream-Up-To-Date"] = "true"  # (what there was is all sent)
         if not text:
-            await self.ex.reply(204, headers={**headers, "Stream-Up-To-Date": "true"})
+            await self.ex.reply(204, headers=headers)
             return
         await self.ex.reply(200, text.encode("utf-8", "surrogatepass"), TEXT, headers=headers)
 

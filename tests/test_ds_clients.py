@@ -1,0 +1,60 @@
+"""The Durable Streams protocol's own client from PyPI (`durable-streams`,
+written by nobody here) reads a reply while an external producer streams it:
+by long-poll and by SSE, cut in the middle and resumed from the offset it
+was given, getting exactly the text (issue 27 item 2)."""
+from __future__ import annotations
+
+import pytest
+import trio
+
+from .httpc import HttpClient
+from .test_deploy import start
+from .test_ws import TOKEN
+
+durable_streams = pytest.importorskip("durable_streams", reason="the test extra installs durable-streams")
+
+TEXT = ["Durable ", "streams\n", "resume ", "exactly ", "where\n", "they were ", "cut."]
+
+
+@pytest.mark.parametrize("live", ["long-poll", "sse"])
+async def test_the_official_python_client_reads_a_streaming_reply_and_resumes(root, nursery, live):
+    server = await start(nursery, root)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with HttpClient(server.port, TOKEN) as producer:
+        sid = (await producer.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        opened = (await producer.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        url = f"http://127.0.0.1:{server.port}{opened['stream']}"
+        sent = trio.Event()
+
+        async def produce(pieces: list[str], close: bool = False) -> None:
+            for i, piece in enumerate(pieces):
+                last = close and i == len(pieces) - 1
+                a = await producer.request("POST", opened["stream"], raw=piece.encode(), headers={
+                    "Content-Type": "text/plain", **({"Stream-Closed": "true"} if last else {})})
+                assert a.status in (200, 204), a.body
+            sent.set()
+
+        await produce(TEXT[:1])
+        got, offset = "", None
+        async with trio.open_nursery() as n:
+            async with durable_streams.astream(url, live=live, headers=auth) as res:
+                n.start_soon(produce, TEXT[1:4])
+                async for chunk in res.iter_text():
+                    got += chunk
+                    if got == "".join(TEXT[:4]):
+                        offset = res.offset
+                        break  # the reader is cut here
+        assert got == "".join(TEXT[:4]) and offset
+        await produce(TEXT[4:], close=True)  # while nobody reads
+        async with durable_streams.astream(url, offset=offset, live=False, headers=auth) as res:
+            rest = await res.read_text()
+        # The offset the client holds covers what it had when it was given
+        # (by SSE, an event's offset follows its text: it may lag the last
+        # chunk); from it the read is exactly the rest. (The test may read
+        # the offset: it is the server's own format.)
+        at = int(offset[:16])
+        full = "".join(TEXT)
+        assert at <= len(got) and got[:at] == full[:at]
+        assert rest == full[at:], "the resumed read is exactly the rest"
+        loaded = (await producer.request("GET", f"/v1/sessions/{sid}")).json()["messages"][-1]
+        assert loaded["content"] == full and loaded["status"] == "done"
