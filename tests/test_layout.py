@@ -52,9 +52,12 @@ def _imports(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the module's package
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                out.append(".".join([*base, node.module] if node.module else base))
+                name = ".".join([*base, node.module] if node.module else base)
             else:
-                out.append(node.module or "")
+                name = node.module or ""
+            out.append(name)
+            # `from package import module` imports that module too
+            out += [f"{name}.{a.name}" for a in node.names]
     return out
 
 
@@ -95,14 +98,35 @@ def test_the_domain_names_nothing_of_a_backend_through_the_layers_front():
              if isinstance(node, ast.ImportFrom) for a in node.names}  # name -> the module it comes from
     bad = []
     for path in sorted((PKG / "server" / "domain").rglob("*.py")):
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "sessionlog_store.eventstore":
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            if isinstance(node, ast.Import) and any(a.name == "sessionlog_store.eventstore" for a in node.names):
+                bad.append(f"{path.relative_to(ROOT)} imports the layer's front whole")
+            if isinstance(node, ast.ImportFrom) and module == "sessionlog_store.eventstore":
                 for a in node.names:
                     home = front.get(a.name) or ""
                     if home.startswith(("local", "jetstream")) \
                             and (str(path.relative_to(PKG)), a.name) not in DOMAIN_MAY_NAME:
                         bad.append(f"{path.relative_to(ROOT)} names {a.name} ({home})")
     assert not bad, "\n".join(bad)
+
+
+# The store's collaborators take what they use as arguments or a Protocol;
+# only the openers (composition roots) name the store's module.
+COMPOSERS = {"sessionlog_store.server.domain.store", "sessionlog_store.server.local.opening",
+             "sessionlog_store.server.scaleout.opening"}
+
+
+def test_no_collaborator_of_the_store_imports_the_stores_module():
+    edges = _edges(_package_modules())
+    room = ("sessionlog_store.server.domain.", "sessionlog_store.server.local.", "sessionlog_store.server.scaleout.")
+    bad = sorted(m for m, to in edges.items() if m.startswith(room) and m not in COMPOSERS
+                 and "sessionlog_store.server.domain.store" in to)
+    assert not bad, f"these import the store's module (type-only imports count): {bad}"
 
 
 def test_the_layer_check_would_catch_a_forbidden_import(tmp_path):

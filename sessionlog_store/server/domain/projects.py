@@ -87,8 +87,10 @@ class ProjectRegistry:
         """The projects as `log` holds them, kept up to date by what its
         listeners are told (another writer's records on a shared stream)."""
         self.log = log
-        self._take(await log.catch_up())
+        # Listening first: another writer's record the tail brings while
+        # catch_up waits is told here (catch_up leaves out what it was told).
         log.listeners.append(self._take)
+        self._take(await log.catch_up())
 
     def _take(self, records: Sequence[Record]) -> None:
         for rec in records:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from sessionlog_store.eventstore import EventStoreError, new_session_id
+from sessionlog_store.eventstore.errors import EventStoreError, MessageFinished
 from sessionlog_store.eventstore.events import Event, HeadMoved, MessageCreated, MessageFinalized, SessionFlags
-from sessionlog_store.eventstore.errors import MessageFinished
+from sessionlog_store.eventstore.ids import new_session_id
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.lifecycle import OPEN_STATUSES, TERMINAL_STATUSES, check_move
 from sessionlog_store.projections.recovery import fold_until
@@ -54,7 +54,7 @@ class Replies:
         async def load_session(self, session_id: str) -> SessionState: ...
         async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
         def notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None: ...
-        def _after_reply(self, session_id: str) -> None: ...
+        def after_reply(self, session_id: str) -> None: ...
         def failure(self) -> BaseException | None: ...
 
     def list_running(self, owner: str | None = None) -> list[dict[str, Any]]:
@@ -214,7 +214,7 @@ class Replies:
         except MessageFinished:
             pass  # another worker's finalize came first (a stop, a sweep): that one stands
         if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
-            self._after_reply(msg.session_id)
+            self.after_reply(msg.session_id)
 
     def _ending(self, session_id: str, finalize: MessageFinalized) -> list[Event]:
         """A finalize, and the session's idle flag when it ends the last running message."""

@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-import trio
 
-from sessionlog_store.projections.session import SessionState
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 
 
@@ -51,18 +49,7 @@ class SharedLog(Protocol):
     def stream_end(self, sid: str, update: MsgUpdate) -> MsgUpdate:
         """The terminal update to tell, now that its finalize is durable."""
 
-    # -- reads ----------------------------------------------------------------
-    async def read_state(self, sid: str) -> SessionState:
-        """A session's state as the shared log holds it."""
-    async def log_bytes(self, sid: str) -> bytes:
-        """A session's records as the shared log holds them, framed as a log's lines."""
+    # -- reads (the reads themselves, its checkpoints and its background work
+    # are the keeper's: a worker is the store's keeper too, domain/keeping.py)
     def reload_needed(self, sid: str) -> bool:
         """Another writer's records voided a load under way: load again."""
-
-    # -- lifecycle ------------------------------------------------------------
-    async def forget_snapshot(self, sid: str) -> None:
-        """A deleted session's cached snapshot goes."""
-    def start_background(self, nursery: trio.Nursery) -> None:
-        """Renewals, sweeps, other workers' stops, checkpoints."""
-    async def at_stop(self) -> None:
-        """A stop's last checkpoint."""

@@ -348,7 +348,7 @@ class SessionStore(Replies):
             msg_id=msg_id, role=role, kind=kind, parent_id=parent_id or state.head,  # type: ignore[arg-type]
             content=content, started_at=time.time(), metadata=metadata or {}))
         if role == "assistant":
-            self._after_reply(session_id)
+            self.after_reply(session_id)
         return msg_id
 
     async def append_events(self, session_id: str, *events: Event) -> list[Appended]:
@@ -530,7 +530,7 @@ class SessionStore(Replies):
 
     # -- titles -------------------------------------------------------------
 
-    def _after_reply(self, session_id: str) -> None:
+    def after_reply(self, session_id: str) -> None:
         if self._nursery is not None and not self.shutting_down:
             self._nursery.start_soon(maybe_auto_title, self, session_id)
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 import trio
@@ -49,8 +49,33 @@ from sessionlog_store.server.domain.errors import Conflict, ServiceError
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 
 if TYPE_CHECKING:
-    from sessionlog_store.server.domain.inflight import InflightMessage
-    from sessionlog_store.server.domain.store import SessionStore
+    from sessionlog_store.projections.registry import Registry
+    from sessionlog_store.projections.session import SessionMeta
+    from sessionlog_store.server.domain.config import StoreConfig
+    from sessionlog_store.server.domain.inflight import InflightMessage, ThrottledSaver
+    from sessionlog_store.server.domain.states import LoadedStates
+    from sessionlog_store.server.domain.subscriptions import SubscriptionHub
+
+
+class WorkerHost(Protocol):
+    """What a worker asks of the session store it shares a stream for (the
+    store's module is never imported here: the opener hands the store in)."""
+    registry: Registry
+    states: LoadedStates
+    hub: SubscriptionHub
+    saver: ThrottledSaver
+    config: StoreConfig
+
+    def tell_record(self, sid: str, rec: Record, state: SessionState | None,
+                    old_row: SessionMeta | None = None) -> None: ...
+    def take_row_before(self, sid: str) -> SessionMeta | None: ...
+    def keep_row_before(self, sid: str, row: SessionMeta) -> None: ...
+    def after_append(self, sid: str) -> None: ...
+    def row_changes(self, old: SessionMeta, new: SessionMeta) -> dict[str, Any]: ...
+    def get_row(self, session_id: str) -> dict[str, Any]: ...
+    def notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None: ...
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> bool: ...
+    def stop(self, session_id: str, msg_id: str) -> bool: ...
 
 log = logging.getLogger("sessionlog.worker")
 # How long a new turn waits for an ended reply's worker to give the turn up (seconds).
@@ -88,7 +113,7 @@ class Checkpoints:
 class Worker:
     """The store's side of sharing the stream (see the module's header)."""
 
-    def __init__(self, store: SessionStore, es: JetStreamLog, leases: Leases, running: RunningIndex,
+    def __init__(self, store: WorkerHost, es: JetStreamLog, leases: Leases, running: RunningIndex,
                  checkpoints: Checkpoints | None = None) -> None:
         self.store, self.es, self.leases, self.running = store, es, leases, running
         self.checkpoints = checkpoints or Checkpoints(None)
