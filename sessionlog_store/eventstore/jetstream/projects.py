@@ -37,15 +37,34 @@ class StreamProjectLog:
         self.torn: TornTail | None = None        # (a stream has no torn line,
         self.damage: CorruptRecord | None = None  # no damage it would serve
         self.broken: OSError | None = None       # and no write that breaks it)
+        # What the tail brings while a catch-up reads: returned by that
+        # catch-up in order (told to the listeners, a later record would be
+        # taken before the earlier ones the read brings).
+        self._reading = 0
+        self._held: list[tuple[bytes, int]] = []
         log.subject_listeners[PROJECTS] = self._take
 
     async def catch_up(self) -> list[Record]:
         """The records of the project log this log has not seen yet (its
         first call: all of them), as the stream holds them now."""
         js, stream, subject, start = self.log.js, self.log.stream, self.subject, self.stream_seq + 1
-        data, last, _ = await self.log.bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
+        self._reading += 1
+        try:
+            data, last, _ = await self.log.bridge.run(lambda: read_subject(js, stream, subject, DIRECT_GETS, start))
+        finally:
+            self._reading -= 1
+        records = self._new(data, last)
+        held, self._held = self._held, []
+        for more, stream_seq in held:
+            records += self._new(more, stream_seq)
+        return records
+
+    def _new(self, data: bytes, stream_seq: int) -> list[Record]:
+        """The records of `data` (read up to `stream_seq`) not seen yet."""
+        if stream_seq <= self.stream_seq:
+            return []
+        self.stream_seq = stream_seq
         records = [r for r in scan("projects", data).records if r.seq > self.seq]
-        self.stream_seq = max(self.stream_seq, last)
         if records:
             self.seq = records[-1].seq
         return records
@@ -86,11 +105,10 @@ class StreamProjectLog:
 
     def _take(self, data: bytes, stream_seq: int) -> None:
         """Another worker's message (the tail, on the trio thread)."""
-        if stream_seq <= self.stream_seq:
-            return  # read already
-        self.stream_seq = stream_seq
-        records = [r for r in scan("projects", data).records if r.seq > self.seq]
+        if self._reading:
+            self._held.append((data, stream_seq))
+            return
+        records = self._new(data, stream_seq)
         if records:
-            self.seq = records[-1].seq
             for listener in self.listeners:
                 listener(records)
