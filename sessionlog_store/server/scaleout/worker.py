@@ -79,6 +79,7 @@ class WorkerHost(Protocol):
 
 log = logging.getLogger("sessionlog.worker")
 # How long a new turn waits for an ended reply's worker to give the turn up (seconds).
+# (at least; up to the lease's time to live, by which a holder that died has lost it)
 TURN_WAIT: Final = 3.0
 # How soon a lease renewal that got no answer is tried again (seconds).
 RENEW_RETRY: Final = 0.5
@@ -509,9 +510,11 @@ class Worker:
         """The session's turn, or Conflict `reply_running`. A turn whose reply
         has ended on the stream (this worker's tail shows nothing running)
         but whose holder has not given it up yet (it does right after its
-        finalize is durable) is waited for, up to TURN_WAIT: a client told
-        "done" that sends at once is not refused for that moment."""
-        deadline = trio.current_time() + TURN_WAIT
+        finalize is durable) is waited for, up to the lease's time to live
+        (a loaded holder may take seconds to give it up; one that died has
+        lost it by then): a client told "done" that sends at once is not
+        refused for that moment."""
+        deadline = trio.current_time() + max(TURN_WAIT, self.leases.ttl)
         while True:
             try:
                 await self.leases.acquire(sid, TURN)
