@@ -41,6 +41,16 @@ def run_cli_env(extra: dict[str, str], *args: str) -> subprocess.CompletedProces
                           env=env, timeout=60)
 
 
+def source_copy(dest: Path) -> Path:
+    """The checkout's files (no .venv, .git, build output or caches) copied to
+    `dest`: a build there writes its egg-info and build/ there, not into the
+    checkout another test process may be building from too."""
+    import shutil
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "*.egg-info", "build", "dist", "__pycache__", ".pytest_cache", "node_modules", ".mypy_cache"))
+    return dest
+
+
 def read_logs(root: str) -> dict[str, bytes]:
     """Every session log under root, by session id, as bytes."""
     from sessionlog_store.eventstore.local.fsio import OS_FILES

@@ -15,7 +15,7 @@ from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.eventstore.local.log import log_path, project_log_path
 from sessionlog_store.projections.checkpoint import snapshot_path
 from sessionlog_store.projections.rebuild import RepairRefused, repair
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .conftest import run_cli

@@ -9,7 +9,7 @@ import trio
 from trio_websocket import open_websocket
 
 from sessionlog_store.server.agents.demo import DemoAgent
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.run import serve_store
 

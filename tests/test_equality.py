@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress
 from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state, recover_registry
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 ENC = msgspec.json.Encoder()

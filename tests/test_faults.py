@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from sessionlog_store.eventstore import FileOps, StoreBroken
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .conftest import read_logs

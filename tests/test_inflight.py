@@ -12,7 +12,7 @@ from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.lifecycle import MESSAGE_TRANSITIONS, IllegalTransition, can_move
 from sessionlog_store.server.domain.errors import BadRequest, Conflict
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 
@@ -245,7 +245,7 @@ async def test_a_subscriber_that_falls_behind_is_dropped_not_waited_for(store):
 async def test_a_spread_saver_keeps_one_record_per_interval_per_message(root, autojump_clock):
     """With the interval cut into slots, each message keeps its own phase:
     still about one record per interval each, never more than one behind."""
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     async with open_session_store(root, config=StoreConfig(progress_slots=50)) as store:
         metas = [(await store.create_session(first_message=f"go {k}"))[0] for k in range(5)]
         async with trio.open_nursery() as n:
@@ -266,7 +266,7 @@ async def test_running_sessions_do_not_push_idle_ones_out_of_the_state_cache(roo
     """Sessions with a producer here stay loaded and do not count against
     `state_cache` (counting them made each stream's start scan them all): the
     cache keeps `state_cache` idle sessions beside the running ones."""
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     async with open_session_store(root, config=StoreConfig(state_cache=1)) as store:
         running = [(await store.create_session(first_message=f"r{k}"))[0].id for k in range(5)]
         idle = [(await store.create_session(first_message=f"i{k}"))[0].id for k in range(3)]

@@ -195,7 +195,7 @@ def test_a_log_shorter_than_its_synced_part_is_reported_not_patched(tmp_path):
 
 STREAM_AND_WAIT = r"""
 import sys, trio
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 async def main():
     cfg = StoreConfig(journal_sync_interval=3600)
@@ -274,7 +274,7 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
     import errno
 
     from sessionlog_store.eventstore.local.fsio import FileOps
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.stores import open_session_store
 
     class FailLog(FileOps):

@@ -15,7 +15,7 @@ import trio
 from sessionlog_store.eventstore.local.log import list_session_ids, log_path
 from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.eventstore.jetstream.imports import import_log
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .conftest import run_cli

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from sessionlog_store.server.agents.demo import DemoAgent
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.run import serve_store
 from sessionlog_store.server.agents import load_agents

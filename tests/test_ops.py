@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sessionlog_store.eventstore import StoreBroken
 from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.server.agents.demo import DemoAgent
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.run import serve_store
 

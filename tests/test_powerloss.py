@@ -20,7 +20,7 @@ import trio
 from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.projections.recovery import recover_registry
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .simdisk import MODES, RecordingFS, crash_image

@@ -15,7 +15,7 @@ from sessionlog_store.eventstore.local.log import read_log
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.registry import ROW_FIELDS
 from sessionlog_store.server.edge.client import Client, ServerError
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 
 from .conftest import run_cli
 from .test_ws import start_server

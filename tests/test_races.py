@@ -14,7 +14,7 @@ from sessionlog_store.eventstore.local.log import SESSIONS_DIR, read_log
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.rebuild import verify
 from sessionlog_store.projections.recovery import fold_until
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 ENC = msgspec.json.Encoder()

@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, source_copy
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +32,10 @@ def test_the_version_is_the_changelogs_newest_release():
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory):
     out = tmp_path_factory.mktemp("sdist")
+    src = source_copy(tmp_path_factory.mktemp("src") / "tree")  # (a build writes into its tree)
     r = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
                         "print(b.build_sdist(sys.argv[1]))", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       cwd=src, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     name = r.stdout.strip().splitlines()[-1]
     return out / name, r.stderr

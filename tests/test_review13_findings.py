@@ -13,7 +13,7 @@ from sessionlog_store.eventstore.events import MessageCreated
 from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.server.edge.client import ServerError, open_client
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .conftest import run_cli

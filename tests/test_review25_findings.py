@@ -471,7 +471,7 @@ async def test_f10_verify_backend_survives_a_session_deleted_while_it_runs(nats_
     by verify's own tail, or its subject purged) raises UnknownSession out
     of the loop: the check of a live stream ends in a traceback instead of
     a report."""
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.stores import open_session_store
     from sessionlog_store.server.migrate import StreamTarget, verify_stream
     config = StoreConfig(backend=tuple(nats_cluster.urls), stream="R25F10")

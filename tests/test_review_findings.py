@@ -16,7 +16,7 @@ from sessionlog_store.eventstore.errors import SessionReadOnly
 from sessionlog_store.eventstore.local.log import SESSIONS_DIR, log_path
 from sessionlog_store.projections.checkpoint import snapshot_path
 from sessionlog_store.server.edge.client import ServerError, open_client
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .conftest import run_cli

@@ -16,7 +16,8 @@ from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.projections.recovery import recover_registry
 from sessionlog_store.projections.session import truncate_preview
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
-from sessionlog_store.server.domain.store import FROZEN_ERROR, StoreConfig
+from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.domain.store import FROZEN_ERROR
 from sessionlog_store.server.stores import open_session_store
 from sessionlog_store.server.domain.titles import title_from_text
 

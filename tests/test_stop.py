@@ -34,7 +34,7 @@ from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.eventstore.local.log import read_log
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.server.edge.client import open_client
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .conftest import ROOT

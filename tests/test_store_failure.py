@@ -29,7 +29,7 @@ from sessionlog_store.eventstore.local.log import SESSIONS_DIR, read_log
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.eventstore.record import MAX_RECORD_BYTES
 from sessionlog_store.server.edge.client import ServerError, open_client
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .test_stop import TOKEN, start_serve

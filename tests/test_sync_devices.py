@@ -10,7 +10,7 @@ import trio
 
 from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.eventstore.local.log import SESSIONS_DIR, session_dir
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 

@@ -19,7 +19,7 @@ from trio_websocket import HandshakeError, open_websocket
 from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.server.agents.demo import DemoAgent
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.edge.auth import REFUSED, AuthConfig, JwtConfig, make_authenticator
 from sessionlog_store.server.edge.client import Client, ServerError, open_client
 from sessionlog_store.server.edge.limits import Limits

@@ -18,7 +18,7 @@ from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.server.agents.demo import DemoAgent
 from sessionlog_store.server.edge.client import ServerError, open_client
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.run import serve_store
 

@@ -21,7 +21,7 @@ from sessionlog_store.server.domain.errors import Conflict as Conflict
 from sessionlog_store.server.domain.errors import NotFound as NotFound
 from sessionlog_store.server.domain.errors import ServiceError as ServiceError
 from sessionlog_store.server.domain.store import SessionStore as SessionStore
-from sessionlog_store.server.domain.store import StoreConfig as StoreConfig
+from sessionlog_store.server.config import StoreConfig as StoreConfig
 from sessionlog_store.server.domain.inflight import InflightMessage as InflightMessage
 from sessionlog_store.server.stores import open_session_store as open_session_store
 from sessionlog_store.server.domain.subscriptions import MsgUpdate as MsgUpdate

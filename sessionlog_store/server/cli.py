@@ -203,7 +203,7 @@ def maintenance_config(args: argparse.Namespace):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     args.forwarded_allow_ips = [ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()]
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.run import run_server
     if args.backend:
         _need_nats()
@@ -239,7 +239,7 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
         return EXIT_OK
     import trio
 
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
 
     from sessionlog_store.server.stores import open_session_store
 

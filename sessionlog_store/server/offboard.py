@@ -34,7 +34,8 @@ from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.projections.session import SessionMeta
 from sessionlog_store.server.domain.projects import Project
-from sessionlog_store.server.domain.store import SessionStore, StoreConfig
+from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.stores import open_session_store
 from sessionlog_store.server.edge.auth import user_id
 

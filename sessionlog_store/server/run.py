@@ -17,7 +17,7 @@ import trio
 from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.server.agents import Agent, DemoAgent, load_agents
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 from sessionlog_store.server.edge.auth import AuthConfig, JwtConfig, make_authenticator
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
-from sessionlog_store.server.domain.config import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.local.opening import open_local_store
 from sessionlog_store.server.domain.titles import TitleGenerator

@@ -31,7 +31,7 @@ from sessionlog_store.eventstore.events import (Event, MessageCreated, MessageFi
 from sessionlog_store.projections.recovery import RecoveryReport
 from sessionlog_store.projections.registry import ROW_ATTRS, InvalidFilter, Registry
 from sessionlog_store.projections.session import MessageSnapshot, SessionMeta, SessionState
-from sessionlog_store.server.domain.config import StoreConfig
+from sessionlog_store.server.domain.settings import StoreSettings
 from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound, unknown_session
 from sessionlog_store.server.domain.feed import ChangeFeed
 from sessionlog_store.server.domain.fields import FLAG_FIELDS, TITLE_FIELDS, UpdateFields, row_of, valid_kind
@@ -60,7 +60,7 @@ class SessionStore(Replies):
     opening.py): the event log, the keeper (`keeper(store)`: what is kept
     beside the log, domain/keeping.py), on a shared log its worker."""
 
-    def __init__(self, root: str, es: EventLog, config: StoreConfig, titler: TitleGenerator,
+    def __init__(self, root: str, es: EventLog, config: StoreSettings, titler: TitleGenerator,
                  keeper: Callable[[SessionStore], Keeper], *, registry: Registry | None = None,
                  progress_slots: int = 1) -> None:
         self.root = root

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from sessionlog_store.eventstore.local.commit import EventStore
     from sessionlog_store.eventstore.local.fsio import FileOps
     from sessionlog_store.projections.registry import Registry
-    from sessionlog_store.server.domain.config import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.domain.states import LoadedStates
 
 log = logging.getLogger("sessionlog.store")

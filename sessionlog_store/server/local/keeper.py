@@ -17,7 +17,7 @@ from sessionlog_store.eventstore.record import decode_record
 from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.projections.registry import Registry
 from sessionlog_store.projections.session import SessionState
-from sessionlog_store.server.domain.config import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.states import LoadedStates
 from sessionlog_store.server.local.caches import Caches
 from sessionlog_store.server.local.startup import PrefixCheck

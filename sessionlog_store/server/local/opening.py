@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.eventstore.local.opening import open_event_store
 from sessionlog_store.eventstore.local.projects import LocalProjectLog
-from sessionlog_store.server.domain.config import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.inflight import SLOTS
 from sessionlog_store.server.domain.store import SessionStore, running
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator
@@ -43,6 +43,6 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
                              progress_slots=SLOTS if es.journal else 1)
         kept = store.keeper
         assert isinstance(kept, LocalKeeper)
-        await start(store, es, kept.caches, kept.prefix_check, LocalProjectLog(fs, root), found, report)
+        await start(store, config, es, kept.caches, kept.prefix_check, LocalProjectLog(fs, root), found, report)
         async with running(store) as ready:
             yield ready

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from sessionlog_store.eventstore.backend import Appended, ProjectLog
     from sessionlog_store.projections.recovery import SessionRecovery, RecoveryReport
     from sessionlog_store.projections.registry import Registry
-    from sessionlog_store.server.domain.config import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.domain.projects import ProjectRegistry
     from sessionlog_store.server.local.caches import Caches
 
@@ -33,7 +33,6 @@ log = logging.getLogger("sessionlog.store")
 class Starting(Protocol):
     """What a start does its work through: the store being opened."""
     registry: Registry
-    config: StoreConfig
     projects: ProjectRegistry
     recovery: RecoveryReport | None
     aborted_at_start: list[tuple[str, str]]
@@ -49,8 +48,8 @@ async def recover(fs: FileOps, root: str) -> tuple[Registry, dict[str, SessionRe
     return await trio.to_thread.run_sync(recover_registry, fs, root)
 
 
-async def start(store: Starting, es: EventStore, caches: Caches, check: PrefixCheck, projects: ProjectLog,
-                found: dict[str, SessionRecovery], report: RecoveryReport) -> None:
+async def start(store: Starting, config: StoreConfig, es: EventStore, caches: Caches, check: PrefixCheck,
+                projects: ProjectLog, found: dict[str, SessionRecovery], report: RecoveryReport) -> None:
     """With the registry recovered: register the logs, load the projects,
     abort what was left running, run maintenance, write index.json and log
     one summary line."""
@@ -59,7 +58,7 @@ async def start(store: Starting, es: EventStore, caches: Caches, check: PrefixCh
     store.recovery = report
     for sid, rec in found.items():
         es.register(sid, rec.seq, rec.end, rec.corrupt)
-    if store.config.check_after_start:
+    if config.check_after_start:
         check.unchecked = dict.fromkeys(report.tail_replayed)
     await store.projects.load(projects)
     said: list[tuple[int, str, list[Any]]] = [
@@ -91,7 +90,7 @@ async def start(store: Starting, es: EventStore, caches: Caches, check: PrefixCh
     # Maintenance in the spec's order, over the healthy sessions (what
     # `sessionlog maintenance --dry-run` plans too).
     healthy = [m for sid, m in store.registry.rows.items() if es.corruption(sid) is None]
-    plan = plan_maintenance(healthy, time.time(), store.config.maintenance)
+    plan = plan_maintenance(healthy, time.time(), config.maintenance)
     done = MaintenancePlan()
     for sid in plan.to_idle:
         if await check.writable(sid):

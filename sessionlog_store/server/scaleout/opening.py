@@ -24,7 +24,7 @@ from sessionlog_store.projections.registry import Registry
 from sessionlog_store.projections.stream_fold import (CheckpointUnusable, RunningIndex, StreamFold, decode_checkpoint,
                                                       prune)
 from sessionlog_store.projections.stream_fold import seed as seed_registry
-from sessionlog_store.server.domain.config import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.store import SessionStore, running
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator
 from sessionlog_store.server.scaleout.worker import CHECKPOINT_NAME, CheckpointStart, Checkpoints, Worker
@@ -42,18 +42,18 @@ async def open_worker_store(root: str, config: StoreConfig, *,
     async with open_worker_log(config) as (stream, registry, leases, index, checkpoints):
 
         def keeper(s: SessionStore) -> Worker:  # (the worker keeps the store's checkpoints in the stream's bucket)
-            return Worker(s, stream, leases, index, checkpoints)
+            return Worker(s, stream, leases, index, checkpoints, config.stream_checkpoint_interval)
         store = SessionStore(os.path.abspath(root), stream, config, titler or KeywordTitler(), keeper,
                              registry=registry)
         worker = store.keeper
         assert isinstance(worker, Worker)
         store.worker = worker
-        await start_worker(store, worker)
+        await start_worker(store, worker, config)
         async with running(store) as ready:
             yield ready
 
 
-async def start_worker(store: SessionStore, worker: Worker) -> None:
+async def start_worker(store: SessionStore, worker: Worker, config: StoreConfig) -> None:
     """The registry came from the stream's replay; the projects are the
     stream's (every worker's); the sweeper, not the start, aborts the replies
     of dead workers (worker.py)."""
@@ -63,7 +63,7 @@ async def start_worker(store: SessionStore, worker: Worker) -> None:
     frm = (f"the checkpoint as of stream sequence {ckpt.position} ({ckpt.sessions} sessions, {ckpt.pruned} deleted "
            f"since) and {es.replayed} messages after it" if ckpt is not None else f"{es.replayed} messages")
     log.info("started worker %s on stream %s (%s): %d sessions from %s, in %.2f s; %d projects",
-             es.worker, es.stream, ", ".join(store.config.backend), len(store.registry), frm,
+             es.worker, es.stream, ", ".join(config.backend), len(store.registry), frm,
              es.replay_seconds + time.monotonic() - t0, len(store.projects.list()) - 1)
 
 

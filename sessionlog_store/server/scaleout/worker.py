@@ -51,7 +51,6 @@ from sessionlog_store.server.domain.subscriptions import MsgUpdate
 if TYPE_CHECKING:
     from sessionlog_store.projections.registry import Registry
     from sessionlog_store.projections.session import SessionMeta
-    from sessionlog_store.server.domain.config import StoreConfig
     from sessionlog_store.server.domain.inflight import InflightMessage, ThrottledSaver
     from sessionlog_store.server.domain.states import LoadedStates
     from sessionlog_store.server.domain.subscriptions import SubscriptionHub
@@ -64,7 +63,6 @@ class WorkerHost(Protocol):
     states: LoadedStates
     hub: SubscriptionHub
     saver: ThrottledSaver
-    config: StoreConfig
 
     def tell_record(self, sid: str, rec: Record, state: SessionState | None,
                     old_row: SessionMeta | None = None) -> None: ...
@@ -115,9 +113,10 @@ class Worker:
     """The store's side of sharing the stream (see the module's header)."""
 
     def __init__(self, store: WorkerHost, es: JetStreamLog, leases: Leases, running: RunningIndex,
-                 checkpoints: Checkpoints | None = None) -> None:
+                 checkpoints: Checkpoints | None = None, checkpoint_interval: float = 30.0) -> None:
         self.store, self.es, self.leases, self.running = store, es, leases, running
         self.checkpoints = checkpoints or Checkpoints(None)
+        self.checkpoint_interval = checkpoint_interval  # the registry checkpoint's period (0: none)
         self.stops = StopRequests(es)
         self._stops_pending: set[tuple[str, str]] = set()
         self._turn_of: dict[str, str] = {}  # session -> the reply holding its turn (a chat's, a retry's)
@@ -656,7 +655,7 @@ class Worker:
             log.warning("could not write the registry checkpoint at stop: %s", e)
 
     async def checkpoint_loop(self) -> None:
-        interval = self.store.config.stream_checkpoint_interval
+        interval = self.checkpoint_interval
         while True:
             await trio.sleep(interval)
             try:

@@ -1,5 +1,8 @@
 """A session store's configuration: every tunable, with the spec's values
-as defaults (`sessionlog serve` sets them from its flags)."""
+as defaults (`sessionlog serve` sets them from its flags): what the domain
+reads (domain/settings.py names it), the local engine's and the JetStream
+backend's options. It lives beside the openers that read all of it
+(server/stores.py), not in the domain, which knows no backend."""
 from __future__ import annotations
 
 import os
