@@ -13,7 +13,7 @@ import tempfile
 
 import trio
 
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 
 from sessionlog_store.server.stores import open_session_store
 

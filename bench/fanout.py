@@ -40,7 +40,7 @@ TOKEN = "bench"
 async def run_server(root: str, messages: int, out: str) -> None:
     from sessionlog_store.eventstore.events import MessageProgress
     from sessionlog_store.server.agents.demo import DemoAgent
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.edge.ws import Server, ServerConfig
     from sessionlog_store.server.run import serve_store
 

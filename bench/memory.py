@@ -25,7 +25,7 @@ from .report import save, table, verdict
 PROBE = r"""
 import collections, gc, statistics, sys, time, trio
 from types import SimpleNamespace
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 from sessionlog_store.server.edge.metrics import ServerMetrics
 from sessionlog_store.server.gc_policy import tune_gc

@@ -20,7 +20,8 @@ import trio
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageProgress
 from sessionlog_store.eventstore.ids import new_session_id
-from sessionlog_store.server.domain.store import SessionStore, StoreConfig
+from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.stores import open_session_store
 
 WORDS = ("the store keeps every event durable and replays the log after a crash while the client "

@@ -17,7 +17,7 @@ from sessionlog_store.eventstore.events import EVENT_DECODER
 from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.eventstore.local.log import list_session_ids, log_path
 from sessionlog_store.projections.recovery import load_session_state, recover_registry
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .populate import populate

@@ -72,7 +72,7 @@ def leader_killer(cluster: Any, lost: dict[str, Any]):  # type: ignore[no-untype
 
 async def start(cluster: Any, root: str, stream: str, checkpoint: bool) -> dict[str, Any]:
     """A worker's start on `stream`: its replay, from the checkpoint or not."""
-    from sessionlog_store.server.domain.store import StoreConfig
+    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.stores import open_session_store
     config = StoreConfig(**jetstream(cluster, stream), stream_checkpoint_interval=30.0 if checkpoint else 0.0)
     os.makedirs(root, exist_ok=True)

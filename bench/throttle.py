@@ -33,7 +33,7 @@ import trio
 from sessionlog_store.eventstore.events import MessageProgress
 from sessionlog_store.eventstore.record import encode_record
 from sessionlog_store.server.gc_policy import tune_gc
-from sessionlog_store.server.domain.store import StoreConfig
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 
 from .report import cpu_seconds, median, pct, peak_rss_mb, save, table, verdict
