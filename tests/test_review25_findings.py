@@ -88,7 +88,7 @@ async def test_f1_own_finalize_dropped_by_a_rebase_tells_the_streams_end(nats_cl
                 assert a.stop(sid, mid)  # a's own client's stop: a's finalize, its last text flushed first
                 await until(lambda: (sid, mid) not in a.saver.active and a.es.last_seq(sid) > a.es.durable_seq(sid))
                 # b writes the reply's end, as stop_anywhere does when a did not answer its stop in 2 s
-                await b.append_events(sid, *b._ending(sid, MessageFinalized(
+                await b.append_events(sid, *b.replies._ending(sid, MessageFinalized(
                     msg_id=mid, status="aborted", aborted_reason="stopped by user")))
                 # a page that (re)subscribes now: a's finalize is not durable yet, so subscribe
                 # waits for it, and then shows the message from the state it loaded before

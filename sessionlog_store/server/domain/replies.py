@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
@@ -38,24 +38,33 @@ log = logging.getLogger("sessionlog.store")
 MAX_ERROR_CHARS: Final = 4000
 
 
-class Replies:
-    """SessionStore's reply and branch operations; what they use of the store:"""
+class RepliesHost(Protocol):
+    """What the reply and branch operations use of the session store (it
+    hands itself in: the store's module is never imported here)."""
     es: EventLog
-    root: str
     registry: Registry
     saver: ThrottledSaver
     hub: SubscriptionHub
-    shutting_down: bool
     worker: SharedLog | None
-    turns: set[str]  # sessions whose new turn is being started here (claim_turn)
 
-    if TYPE_CHECKING:
-        async def log_bytes(self, session_id: str) -> bytes: ...
-        async def load_session(self, session_id: str) -> SessionState: ...
-        async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
-        def notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None: ...
-        def after_reply(self, session_id: str) -> None: ...
-        def failure(self) -> BaseException | None: ...
+    @property
+    def shutting_down(self) -> bool: ...
+    async def log_bytes(self, session_id: str) -> bytes: ...
+    async def load_session(self, session_id: str) -> SessionState: ...
+    async def append_events(self, session_id: str, *events: Event) -> list[Appended]: ...
+    def notify(self, kind: str, data: dict[str, Any], owner: str | None = None) -> None: ...
+    def after_reply(self, session_id: str) -> None: ...
+    def failure(self) -> BaseException | None: ...
+
+
+class Replies:
+    """The store's reply and branch operations (SessionStore hands each out
+    as its own method): in-flight messages, turns, stops, retries, branch
+    switches and subscriptions."""
+
+    def __init__(self, host: RepliesHost) -> None:
+        self.host = host
+        self.turns: set[str] = set()  # sessions whose new turn is being started here (claim_turn)
 
     def list_running(self, owner: str | None = None) -> list[dict[str, Any]]:
         """Every message running in this process, across sessions (of `owner`'s
@@ -63,13 +72,13 @@ class Replies:
         caller, started_at and its length so far. On a shared stream, the
         replies other workers stream too (their length as of their last
         message on the stream)."""
-        rows = self.registry.rows
+        rows = self.host.registry.rows
         out = [{"session_id": m.session_id, "msg_id": m.msg_id, "kind": m.kind, "role": m.role,
                 "caller": m.caller, "started_at": m.started_at, "length": m.length}
-               for m in self.saver.active.values() if not m.finished
+               for m in self.host.saver.active.values() if not m.finished
                and (owner is None or (m.session_id in rows and rows[m.session_id].owner == owner))]
-        if self.worker is not None:  # and the replies other workers stream
-            out += [dict(r) for key, r in self.worker.others_running() if key not in self.saver.active
+        if self.host.worker is not None:  # and the replies other workers stream
+            out += [dict(r) for key, r in self.host.worker.others_running() if key not in self.host.saver.active
                     and (owner is None or (key[0] in rows and rows[key[0]].owner == owner))]
         return sorted(out, key=lambda r: r["started_at"])
 
@@ -92,10 +101,10 @@ class Replies:
         if session_id in self.turns:
             raise Conflict("reply_running", f"a turn is starting in session {session_id}: send when its "
                                                 "reply has ended")
-        meta = self.registry.get(session_id)
-        if meta is None or not meta.open_msgs or self.failure() is not None:
+        meta = self.host.registry.get(session_id)
+        if meta is None or not meta.open_msgs or self.host.failure() is not None:
             return  # (a failed store: the write says store_broken)
-        if self.worker is None and not any((session_id, m) in self.saver.active for m in meta.open_msgs):
+        if self.host.worker is None and not any((session_id, m) in self.host.saver.active for m in meta.open_msgs):
             return  # (a local store: nothing runs without its producer here)
         raise Conflict("reply_running", f"a reply is running in session {session_id}: stop it, or send "
                                             "when it has ended")
@@ -105,16 +114,16 @@ class Replies:
         session's turn taken (before anything of the turn is written: a chat's reply that could not start
         would leave its user's message alone); `reply_released` gives it up if
         the reply does not start. None on the local store (nothing to take)."""
-        if self.worker is None:
+        if self.host.worker is None:
             return None
         msg_id = new_session_id()
-        await self.worker.reply_starting(session_id, msg_id, turn=True)
+        await self.host.worker.reply_starting(session_id, msg_id, turn=True)
         return msg_id
 
     async def reply_released(self, session_id: str, msg_id: str | None) -> None:
-        if self.worker is not None and msg_id is not None:
+        if self.host.worker is not None and msg_id is not None:
             with trio.CancelScope(shield=True):
-                await self.worker.reply_ended(session_id, msg_id)
+                await self.host.worker.reply_ended(session_id, msg_id)
 
     @asynccontextmanager
     async def inflight(self, session_id: str, *, kind: str = "llm_reply", role: str = "assistant",
@@ -129,12 +138,12 @@ class Replies:
         the message's id, when the caller made it (`leased`: and, on a shared
         stream, took its lease already: `reserve_reply`)."""
         try:
-            state = await self.load_session(session_id)
+            state = await self.host.load_session(session_id)
             if not valid_kind(role, kind) or kind in ("chat", "relocate"):
                 raise BadRequest("bad_field", f"bad in-flight kind {kind!r} or role {role!r}")
             if parent_id and parent_id not in state.messages:
                 raise NotFound("unknown_message", f"unknown message {parent_id!r}")
-            if self.shutting_down:
+            if self.host.shutting_down:
                 raise Conflict("shutting_down", "the server is shutting down")
         except BaseException:
             if leased:  # (a reserved reply that does not start: its lease goes)
@@ -149,27 +158,27 @@ class Replies:
         events: list[Event] = [placeholder]
         if state.meta is not None and state.meta.status != "running":
             events.append(SessionFlags(status="running"))
-        msg = InflightMessage(self.saver, session_id, msg_id, kind, role, parent, caller,
+        msg = InflightMessage(self.host.saver, session_id, msg_id, kind, role, parent, caller,
                               placeholder.started_at or 0.0)
-        if self.worker is not None and not leased:  # the reply's lease first: a running reply always has one
-            await self.worker.reply_starting(session_id, msg_id)
+        if self.host.worker is not None and not leased:  # the reply's lease first: a running reply always has one
+            await self.host.worker.reply_starting(session_id, msg_id)
         try:
             with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
-                appended = await self.append_events(session_id, *events)
+                appended = await self.host.append_events(session_id, *events)
         except BaseException:
-            if self.worker is not None:
+            if self.host.worker is not None:
                 with trio.CancelScope(shield=True):
-                    await self.worker.reply_ended(session_id, msg_id)
+                    await self.host.worker.reply_ended(session_id, msg_id)
             raise
         if moves_head:
-            self.notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
+            self.host.notify("head_moved", {"session_id": session_id, "head": msg_id, "seq": appended[0].record.seq})
         # Live (stoppable, watched) only once its placeholder is durable.
         msg.last_activity = trio.current_time()
-        self.saver.start(msg)
-        if self.shutting_down:  # a stop began while the placeholder was written: it ends at once
+        self.host.saver.start(msg)
+        if self.host.shutting_down:  # a stop began while the placeholder was written: it ends at once
             msg.abort_reason = "server shutdown"
             msg.scope.cancel()
-        elif self.worker is not None and self.worker.stop_pending(session_id, msg_id):
+        elif self.host.worker is not None and self.host.worker.stop_pending(session_id, msg_id):
             msg.abort_reason = "stopped by user"  # asked by another worker while its placeholder was written
             msg.scope.cancel()
         status, error, reason = "done", None, None
@@ -192,34 +201,34 @@ class Replies:
                     # Its lease goes however it ended (finalized here or
                     # elsewhere, its session deleted, its lease lapsed or
                     # taken: a release of one no longer held is quiet).
-                    if self.worker is not None:
-                        await self.worker.reply_ended(msg.session_id, msg.msg_id)
+                    if self.host.worker is not None:
+                        await self.host.worker.reply_ended(msg.session_id, msg.msg_id)
 
     async def _finalize(self, msg: InflightMessage, status: str, *, error: str | None = None,
                         reason: str | None = None) -> None:
         if msg.finished:
             return
-        self.saver.flush(msg)
+        self.host.saver.flush(msg)
         if msg.finished:
             return  # ended by its flush: finalized elsewhere, or (shared stream) its lease lapsed
         msg.finished = True
-        self.saver.end(msg)
-        if (msg.session_id not in self.registry or self.es.broken is not None
-                or msg.session_id not in self.es or self.es.corruption(msg.session_id) is not None):
+        self.host.saver.end(msg)
+        if (msg.session_id not in self.host.registry or self.host.es.broken is not None
+                or msg.session_id not in self.host.es or self.host.es.corruption(msg.session_id) is not None):
             return  # deleted, the store failed, or quarantined: no finalize can be written
         tokens = dict(msg.tokens) if any(msg.tokens.values()) else None
         try:
-            await self.append_events(msg.session_id, *self._ending(msg.session_id, MessageFinalized(
+            await self.host.append_events(msg.session_id, *self._ending(msg.session_id, MessageFinalized(
                 msg_id=msg.msg_id, status=status, error=error, aborted_reason=reason, tokens=tokens)))  # type: ignore[arg-type]
         except MessageFinished:
             pass  # another worker's finalize came first (a stop, a sweep): that one stands
         if status == "done" and msg.role == "assistant" and msg.kind == "llm_reply":
-            self.after_reply(msg.session_id)
+            self.host.after_reply(msg.session_id)
 
     def _ending(self, session_id: str, finalize: MessageFinalized) -> list[Event]:
         """A finalize, and the session's idle flag when it ends the last running message."""
         events: list[Event] = [finalize]
-        meta = self.registry.get(session_id)
+        meta = self.host.registry.get(session_id)
         if meta is not None and set(meta.open_msgs) <= {finalize.msg_id} and meta.status == "running":
             events.append(SessionFlags(status="idle"))
         return events
@@ -231,18 +240,18 @@ class Replies:
         placeholder created elsewhere). Illegal transitions raise and change nothing."""
         state, m = await self._message(session_id, msg_id)
         check_move(msg_id, m.status, status)
-        live = self.saver.active.get((session_id, msg_id))
+        live = self.host.saver.active.get((session_id, msg_id))
         if live is not None:
-            self.saver.flush(live)
+            self.host.saver.flush(live)
             live.finished = True
-            self.saver.end(live)
-        await self.append_events(session_id, MessageFinalized(msg_id=msg_id, status=status,  # type: ignore[arg-type]
+            self.host.saver.end(live)
+        await self.host.append_events(session_id, MessageFinalized(msg_id=msg_id, status=status,  # type: ignore[arg-type]
                                                         content=content, error=error, aborted_reason=reason))
 
     def stop(self, session_id: str, msg_id: str) -> bool:
         """Cancel a running message; it is finalized aborted "stopped by user".
         False when no producer of it runs here."""
-        msg = self.saver.active.get((session_id, msg_id))
+        msg = self.host.saver.active.get((session_id, msg_id))
         if msg is None:
             return False
         msg.abort_reason = "stopped by user"
@@ -258,16 +267,16 @@ class Replies:
         False when the message is not running."""
         if self.stop(session_id, msg_id):
             return True
-        meta = self.registry.get(session_id)
-        if self.worker is None or meta is None or msg_id not in meta.open_msgs:
+        meta = self.host.registry.get(session_id)
+        if self.host.worker is None or meta is None or msg_id not in meta.open_msgs:
             return False
-        if await self.worker.stop_elsewhere(session_id, msg_id):
+        if await self.host.worker.stop_elsewhere(session_id, msg_id):
             return True  # its worker ended it and writes its finalize
-        meta = self.registry.get(session_id)  # (it may have ended while no one answered)
+        meta = self.host.registry.get(session_id)  # (it may have ended while no one answered)
         if meta is None or msg_id not in meta.open_msgs:
             return False
         try:
-            await self.append_events(session_id, *self._ending(session_id, MessageFinalized(
+            await self.host.append_events(session_id, *self._ending(session_id, MessageFinalized(
                 msg_id=msg_id, status="aborted", aborted_reason="stopped by user")))
         except MessageFinished:
             return False  # it ended meanwhile (its finalize reached this log first)
@@ -275,7 +284,7 @@ class Replies:
 
     async def _message(self, session_id: str, msg_id: str) -> tuple[SessionState, MessageSnapshot]:
         """A loaded session and one of its messages (NotFound when unknown)."""
-        state = await self.load_session(session_id)
+        state = await self.host.load_session(session_id)
         m = state.messages.get(msg_id)
         if m is None:
             raise NotFound("unknown_message", f"unknown message {msg_id!r}")
@@ -301,8 +310,8 @@ class Replies:
             raise BadRequest("not_conversational", f"message {msg_id} is a {m.kind} node, not on a branch")
         head = state.leaf_of(msg_id)
         if head != state.head:
-            appended = await self.append_events(session_id, HeadMoved(head=head))
-            self.notify("head_moved", {"session_id": session_id, "head": head, "seq": appended[0].record.seq})
+            appended = await self.host.append_events(session_id, HeadMoved(head=head))
+            self.host.notify("head_moved", {"session_id": session_id, "head": head, "seq": appended[0].record.seq})
         return head
 
     @asynccontextmanager
@@ -317,7 +326,7 @@ class Replies:
         """Subscribe to a message's updates. Say what you have (`offset`: characters
         of content; or `after_seq`: the seq your copy is as of) and the first update
         holds exactly the rest, then the live tail; it ends at a terminal status."""
-        state = await self.load_session(session_id)
+        state = await self.host.load_session(session_id)
         if msg_id not in state.messages:
             raise NotFound("unknown_message", f"unknown message {msg_id!r}")
         have = 0
@@ -326,35 +335,35 @@ class Replies:
         elif after_seq is not None:
             have = await self._length_at(session_id, msg_id, after_seq)
         m = state.messages.get(msg_id)
-        if m is not None and m.status in TERMINAL_STATUSES and m.seq > self.es.durable_seq(session_id):
-            await self.es.wait_durable(session_id, m.seq)  # terminal states are shown once durable
+        if m is not None and m.status in TERMINAL_STATUSES and m.seq > self.host.es.durable_seq(session_id):
+            await self.host.es.wait_durable(session_id, m.seq)  # terminal states are shown once durable
             # (as the log then holds it: on a shared stream a rebase meanwhile
             # may have replaced the loaded state and dropped this finalize)
-            m = (await self.load_session(session_id)).messages.get(msg_id)
+            m = (await self.host.load_session(session_id)).messages.get(msg_id)
         if m is None:
             raise NotFound("unknown_message", f"unknown message {msg_id!r}")
         if have < 0 or have > len(m.content):
             raise BadRequest("bad_offset", f"offset {have} is outside the message's {len(m.content)} characters")
-        if session_id not in self.registry or session_id not in self.es:  # deleted while we waited
+        if session_id not in self.host.registry or session_id not in self.host.es:  # deleted while we waited
             raise NotFound("unknown_session", f"session {session_id!r} was deleted")
-        sub = self.hub.add(session_id, msg_id, have)
+        sub = self.host.hub.add(session_id, msg_id, have)
         sub.push(MsgUpdate(session_id=session_id, msg_id=msg_id, seq=m.seq, offset=0, content_delta=m.content,
                            status=m.status, tree=m.metadata.get("context_tree"),
                            tokens=m.metadata.get("partial_tokens_used") if m.tokens is None else m.tokens,
                            error=m.error, aborted_reason=m.metadata.get("aborted_reason"),
-                           durable_seq=self.es.durable_seq(session_id)))
-        if m.status in OPEN_STATUSES and (session_id, msg_id) not in self.saver.active:
+                           durable_seq=self.host.es.durable_seq(session_id)))
+        if m.status in OPEN_STATUSES and (session_id, msg_id) not in self.host.saver.active:
             # No producer here will ever finalize it: say so now rather than never.
-            why = ("store failure" if self.failure() is not None
-                   else "session quarantined" if self.es.corruption(session_id) is not None
-                   else "server shutdown" if self.shutting_down else None)
+            why = ("store failure" if self.host.failure() is not None
+                   else "session quarantined" if self.host.es.corruption(session_id) is not None
+                   else "server shutdown" if self.host.shutting_down else None)
             if why is not None:
-                self.hub.end(session_id, why, msg_id=msg_id, seq=m.seq)
+                self.host.hub.end(session_id, why, msg_id=msg_id, seq=m.seq)
         return sub
 
     async def _length_at(self, session_id: str, msg_id: str, seq: int) -> int:
         """How long the message's content was as of `seq` (read from the log)."""
-        data = await self.log_bytes(session_id)
+        data = await self.host.log_bytes(session_id)
         state = fold_until(scan(session_id, data).records, data, seq)
         m = state.messages.get(msg_id)
         return len(m.content) if m is not None else 0
@@ -364,7 +373,7 @@ class Replies:
         `reason` (their pending text first). Returns how many. Their producers
         see nothing: a later finalize of theirs is a no-op."""
         n = 0
-        for msg in list(self.saver.active.values()):
+        for msg in list(self.host.saver.active.values()):
             msg.abort_reason = msg.abort_reason or reason
             try:
                 await self._finalize(msg, "aborted", reason=msg.abort_reason)

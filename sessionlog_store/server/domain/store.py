@@ -54,7 +54,7 @@ ScopedWatcher = Callable[[str, dict[str, Any], str], None]  # (kind, data, owner
 _FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"})
 
 
-class SessionStore(Replies):
+class SessionStore:
     """Use `open_session_store()` (server/stores.py). Its collaborators come
     from the backend's opener (server/local/opening.py, server/scaleout/
     opening.py): the event log, the keeper (`keeper(store)`: what is kept
@@ -78,7 +78,6 @@ class SessionStore(Replies):
         self.scoped_watchers: list[ScopedWatcher] = []  # told whose session changed too (the server)
         self.feed = ChangeFeed()
         self._creating: set[str] = set()
-        self.turns: set[str] = set()
         self._row_before: dict[str, SessionMeta] = {}
         self.recovery: RecoveryReport | None = None
         self.removed_at_start: list[tuple[str, str]] = []
@@ -88,6 +87,16 @@ class SessionStore(Replies):
         self.keeper = keeper(self)
         self.checked = self.keeper.checked  # what a start skipped reading is checked
         self.shutting_down = False
+        # The reply and branch operations: a collaborator handed this store
+        # (domain/replies.py's RepliesHost), its methods the store's own.
+        replies = self.replies = Replies(self)
+        self.turns = replies.turns
+        self.inflight, self.retry, self.subscribe = replies.inflight, replies.retry, replies.subscribe
+        self.stop, self.stop_anywhere, self.abort_running = replies.stop, replies.stop_anywhere, replies.abort_running
+        self.claim_turn, self.end_turn, self.turn_free = replies.claim_turn, replies.end_turn, replies.turn_free
+        self.reserve_reply, self.reply_released = replies.reserve_reply, replies.reply_released
+        self.finalize_message, self.retry_target = replies.finalize_message, replies.retry_target
+        self.switch_branch, self.list_running = replies.switch_branch, replies.list_running
         self.publishing = 0  # terminal updates waiting for their record to be durable
         es.listeners.append(self._on_record)
         es.append_listeners.append(self.after_append)
