@@ -48,23 +48,29 @@ async def test_a_start_from_the_checkpoint_ends_where_a_full_replay_does(nats_cl
         await a.delete_session(sids[4])
         reply_done = trio.Event()
         proceed = trio.Event()
+        written = [trio.Event(), trio.Event()]  # each producer's text is in the log, and it writes no more for now
 
         async def produce() -> None:
             async with a.inflight(sids[5]) as msg:
                 for i in range(40):
                     msg.write(f"{i} ")
                     await trio.sleep(0.005)
+                a.saver.flush(msg)  # (its last text now, not at the saver's next tick: the checkpoint below has it)
+                written[0].set()
                 await proceed.wait()
                 msg.write("end")
             reply_done.set()
         async def doomed() -> None:  # running in the id made again: its deletion ends it
             async with a.inflight(sids[2]) as msg:
                 msg.write("cut short")
+                a.saver.flush(msg)
+                written[1].set()
                 await trio.sleep_forever()
         async with trio.open_nursery() as n:
             n.start_soon(produce)
             n.start_soon(doomed)
-            await until(lambda: len(a.list_running()) == 2 and min(r["length"] for r in a.list_running()) > 5)
+            for w in written:  # (nothing is written between the two checkpoints below)
+                await w.wait()
             await a.es.flush()
             fold = a.worker.checkpoints.fold
             await until(lambda: fold.position >= a.es.written_position)
