@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -316,18 +317,17 @@ NGINX_CONF = NGINX_HEAD + """  server {{
 """
 
 
-def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
-    """Issue 15 item 2: Debian's nginx in front (TLS with a self-signed
-    certificate, the sub-path /chat/, the WebSocket upgrade); the page in
-    Chromium and the Python client over wss:// both work through it.
-    Issue 26 item 5: its access log holds no token."""
+def behind_tls_nginx(tmp_path, **serve: Any) -> tuple[ServeProcess, subprocess.Popen[str], int, Path]:
+    """A `serve` process behind Debian's nginx with NGINX_CONF (TLS with a
+    self-signed certificate, the sub-path /chat/): (server, nginx, nginx's
+    port, nginx's folder)."""
     d = tmp_path / "nginx"
     d.mkdir()
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
                     "-out", str(d / "cert.pem"), "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
     port, backend = free_port(), free_port()
-    s = ServeProcess(str(tmp_path / "store"), backend, speed=200.0,
+    s = ServeProcess(str(tmp_path / "store"), backend, **serve,
                      extra=("--public-url", f"https://localhost:{port}/chat", "--forwarded-allow-ips", "127.0.0.1"))
     s.start()
     try:
@@ -335,6 +335,15 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
     except BaseException:
         s.stop()
         raise
+    return s, proxy, port, d
+
+
+def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
+    """Issue 15 item 2: Debian's nginx in front (TLS with a self-signed
+    certificate, the sub-path /chat/, the WebSocket upgrade); the page in
+    Chromium and the Python client over wss:// both work through it.
+    Issue 26 item 5: its access log holds no token."""
+    s, proxy, port, d = behind_tls_nginx(tmp_path, speed=200.0)
     try:
         ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 800})
         page = ctx.new_page()

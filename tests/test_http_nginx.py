@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from .processes import ServeProcess, free_port, start_nginx, stop_nginx
-from .test_browser import NGINX_CONF
+from .processes import stop_nginx
+from .test_browser import behind_tls_nginx
 from .test_producers import sse_events
 
 CURL = shutil.which("curl")
@@ -21,20 +21,7 @@ CURL = shutil.which("curl")
 @pytest.mark.slow
 @pytest.mark.skipif(CURL is None, reason="curl is not installed (.ci/run installs it)")
 def test_sse_passes_through_nginx_event_by_event(tmp_path):
-    d = tmp_path / "nginx"
-    d.mkdir()
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
-                    "-out", str(d / "cert.pem"), "-days", "1", "-subj", "/CN=localhost"], check=True,
-                   capture_output=True)
-    port, backend = free_port(), free_port()
-    s = ServeProcess(str(tmp_path / "store"), backend, token="nginx-token",
-                     extra=("--public-url", f"https://localhost:{port}/chat", "--forwarded-allow-ips", "127.0.0.1"))
-    s.start()
-    try:
-        proxy = start_nginx(d, NGINX_CONF.format(d=d, port=port, backend=backend), port)
-    except BaseException:
-        s.stop()
-        raise
+    s, proxy, port, d = behind_tls_nginx(tmp_path, token="nginx-token")
     url = f"https://localhost:{port}/chat"
     auth = ["-k", "-s", "--resolve", f"localhost:{port}:127.0.0.1", "-H", "Authorization: Bearer nginx-token"]
 

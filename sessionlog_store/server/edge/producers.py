@@ -149,7 +149,9 @@ class Producers:
                 self.replies.pop(key, None)
                 m = store.loaded(session_id)
                 node = m.messages.get(reply.msg_id) if m is not None else None
-                self.ended[key] = (node.status if node is not None else "aborted", dict(reply.producers))
+                how = node.status if node is not None else (  # (its state evicted: how it was ended here)
+                    "error" if reply.failure is not None else "aborted" if reply.msg.scope.cancel_called else "done")
+                self.ended[key] = (how, dict(reply.producers))
                 while len(self.ended) > ENDED_KEPT:
                     self.ended.popitem(last=False)
                 reply.ended.set()
@@ -177,6 +179,8 @@ class Producers:
         """Append `text` (and with `close`, "done" or "error", end the reply):
         serialized per reply, idempotent per producer id."""
         async with reply.lock:
+            if reply.msg.finished:  # (stopped, or lost, while this request waited): nothing is taken, no seq counted
+                self.reply_of(reply.session_id, reply.msg_id)
             echo = None
             if producer is not None:
                 pid, epoch, seq = producer
@@ -192,8 +196,6 @@ class Producers:
                     raise SeqGap(expected, seq)
                 reply.producers[pid] = Producer(epoch, seq)
                 echo = (epoch, seq)
-            if reply.msg.finished:  # (stopped, or lost, while this request waited)
-                self.reply_of(reply.session_id, reply.msg_id)
             reply.msg.write(text)
             # One record per append (a producer batches its own deltas): at
             # once in the log and told to every reader (read-your-writes),
