@@ -52,9 +52,10 @@ class ServeProcess:
     """`sessionlog serve` in a process of its own, started until it serves."""
 
     def __init__(self, root: str, port: int, speed: float = 25.0, extra: tuple[str, ...] = (),
-                 prefix: str = "", token: str = "browser-test-token") -> None:
+                 prefix: str = "", token: str = "browser-test-token", log: Path | None = None) -> None:
         self.root, self.port, self.speed, self.extra, self.prefix = root, port, speed, extra, prefix
         self.token = token
+        self.log = log  # where its stderr goes (None: a pipe, read if it ends early; keep it quiet)
         self.proc: subprocess.Popen[str] | None = None
 
     @property
@@ -66,12 +67,14 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sessionlog_store", "serve", "--root", self.root, "--port", str(self.port),
              "--token", self.token, "--agent-speed", str(self.speed), *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE if self.log is None else self.log.open("w"), text=True,
+            env=env)
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
-            assert line, self.proc.stderr.read() if self.proc.stderr else "server ended"
+            assert line, (self.proc.stderr.read() if self.proc.stderr else
+                          self.log.read_text() if self.log is not None else "server ended")
             if "serving http://" in line:
                 return
         raise AssertionError("server did not start")

@@ -183,9 +183,43 @@ class ProjectDeleted(BaseEvent, tag="project_deleted", frozen=True):
     project_id: str
 
 
+# Events of a generic stream's log (the Durable Streams protocol's streams an
+# app creates: server/domain/streamspace.py; their logs live in a data root of
+# their own, `streams/`, never beside a session's records).
+class StreamOpened(BaseEvent, tag="ds_opened", frozen=True):
+    """A stream is created: its name (its path under /v1/stream/), whose it
+    is, its content type and expiry; a fork names its source's log and the
+    offset (a position in bytes) it diverges at."""
+    name: str
+    content_type: str
+    owner: str = ""
+    ttl: int | None = None
+    expires_at: str | None = None
+    created_at: float = 0.0
+    forked_from: str | None = None
+    fork_offset: int = 0
+    fork_sub: int = 0
+
+
+class StreamAppended(BaseEvent, tag="ds_appended", frozen=True):
+    """One append (a POST's body, one unit of the stream; empty for a close
+    alone), the producer that sent it, and whether it closed the stream."""
+    data: bytes = b""
+    producer: str | None = None
+    epoch: int = 0
+    pseq: int = 0
+    stream_seq: str | None = None
+    close: bool = False
+
+
+class StreamSoftDeleted(BaseEvent, tag="ds_gone", frozen=True):
+    """Deleted while forks still read from it: gone to clients, kept for them."""
+
+
 Event = (SessionCreated | MessageCreated | MessageProgress | MessageProgressV1 | MessageFinalized | SessionRenamed
          | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | OwnerChanged | SessionDeleted
-         | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted)
+         | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted
+         | StreamOpened | StreamAppended | StreamSoftDeleted)
 
 EVENT_ENCODER: Final = msgspec.json.Encoder()
 EVENT_DECODER: Final = msgspec.json.Decoder(Event)

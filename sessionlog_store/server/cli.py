@@ -522,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     _retention(s)
     s.add_argument("--producer-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                    help="an external producer (HTTP API) silent this long loses its reply: aborted, producer lost")
+    s.add_argument("--streams-anonymous", action="store_true",
+                   help="let requests without credentials from this machine (loopback, no proxy) use their own "
+                        "generic streams under /v1/stream/ (never sessions): for local tools and the Durable "
+                        "Streams conformance suite")
     s.add_argument("--stop-grace", type=_seconds, default=10.0, metavar="SECONDS",
                    help="how long a stop (SIGINT/SIGTERM) may take before the server exits anyway with code 4")
     s.add_argument("--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}")

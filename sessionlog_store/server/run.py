@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -23,6 +24,7 @@ from sessionlog_store.server.edge.auth import AuthConfig, JwtConfig, make_authen
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits
 from sessionlog_store.server.edge.ws import Server, ServerConfig, leaf_errors
 from sessionlog_store.server.gc_policy import tune_gc
+from sessionlog_store.server.local.streamspace import open_stream_space
 
 log = logging.getLogger("sessionlog.run")
 
@@ -32,8 +34,13 @@ async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = 
                       store_config: StoreConfig | None = None,
                       on_ready: Callable[[Server], None] | None = None, fs: FileOps = OS_FILES) -> None:
     """Open the store (recovering first), serve until cancelled, shut down gracefully."""
-    async with open_session_store(root, config=store_config, fs=fs) as store:
-        server = Server(store, config, agent or DemoAgent(), agents)
+    async with open_session_store(root, config=store_config, fs=fs) as store, AsyncExitStack() as stack:
+        space = None
+        if store_config is None or not store_config.backend:  # (the generic streams: on the local engine only)
+            sc = store_config or StoreConfig()
+            space = await stack.enter_async_context(open_stream_space(
+                root, fs=fs, sync_mode=sc.sync_mode, journal_sync_interval=sc.journal_sync_interval))
+        server = Server(store, config, agent or DemoAgent(), agents, streams=space)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
             tune_gc()
@@ -89,6 +96,7 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
                               ping_interval=getattr(args, "ws_ping_interval", 20.0),
                               ping_timeout=getattr(args, "ws_ping_interval", 20.0),
                               producer_timeout=float(getattr(args, "producer_timeout", 30.0)),
+                              streams_anonymous=bool(getattr(args, "streams_anonymous", False)),
                               auth=auth_config(args), limits=limits_of(args))
         if args.token:
             config.token = args.token

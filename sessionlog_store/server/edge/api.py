@@ -21,12 +21,14 @@ import msgspec
 import trio
 from msgspec import UNSET
 
+from sessionlog_store.projections.dstream import Refused
 from sessionlog_store.server.domain.errors import ServiceError
 from sessionlog_store.server.edge import apitypes as t
 from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.edge.auth import REFUSED, Principal
 from sessionlog_store.server.edge.connection import error_of
 from sessionlog_store.server.edge.http import MAX_BODY, Exchange, Request
+from sessionlog_store.server.edge.namespace import Namespace
 from sessionlog_store.server.edge.openapi import openapi_document
 from sessionlog_store.server.edge.operations import Operations, OperationsHost
 from sessionlog_store.server.edge.routes import Call, Route
@@ -39,6 +41,14 @@ V1: Final = "/v1/"
 STREAM: Final = "/v1/stream/"
 _MESSAGE_STREAM: Final = re.compile(r"^/v1/stream/sessions/(?P<session_id>[^/]+)/messages/(?P<msg_id>[^/]+)$")
 JSON: Final = "application/json"
+# CORS for the generic streams (to an origin of --allow-origin): what a
+# browser may send, and read of the answers.
+STREAM_REQUEST_HEADERS: Final = ("Authorization, Content-Type, If-None-Match, Stream-Seq, Stream-TTL, "
+                                 "Stream-Expires-At, Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, "
+                                 "Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset")
+STREAM_EXPOSED: Final = ("Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, "
+                         "Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, "
+                         "Producer-Expected-Seq, Producer-Received-Seq, ETag, Location")
 
 # An error code's HTTP status; a code not named here is a 400 (the caller's input).
 STATUS: Final[dict[str, int]] = {
@@ -228,8 +238,12 @@ def _decode_query(target: str, kind: type) -> Any:
 class ApiHost(OperationsHost, Protocol):
     """What the API asks of its server (edge/ws.py's Server) beyond the operations'."""
     producers: Producers
+    namespace: Namespace | None  # the generic streams (None: this server keeps none)
+
+    def anonymous(self, req: Request, remote: str) -> Principal | None: ...
 
     def allowed_hosts(self) -> set[str]: ...
+    def allowed_origins(self) -> set[str]: ...
     def check_handshake(self, req: Request, trusted_peer: bool) -> Principal | str: ...
 
 
@@ -250,6 +264,8 @@ class Api:
             await self._handle(ex, req, body, remote, trusted_peer)
         except ApiError as e:
             await self._error(ex, e.status, e.code, e.message, e.headers)
+        except Refused as e:  # (the generic namespace's: namespace.py)
+            await self._error(ex, e.status, e.code, e.message, e.headers)
         except StaleEpoch as e:
             await self._error(ex, 403, e.code, e.message, {"Producer-Epoch": str(e.epoch)})
         except SeqGap as e:
@@ -261,6 +277,8 @@ class Api:
             await self._error(ex, status_of(e.code), e.code, e.message)
         except (trio.Cancelled, KeyboardInterrupt):
             raise
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False  # the client went away (a reader leaving its SSE answer): nothing to answer
         except Exception as e:
             code, message = error_of(e)
             if code == "internal":
@@ -275,8 +293,11 @@ class Api:
                 raise ApiError("forbidden", "Host not allowed", 403)
             await ex.reply(200, self.document(), JSON, headers={"Cache-Control": "no-cache"})
             return
-        if req.path.startswith(STREAM):
+        if req.path.startswith(STREAM + "sessions/") or req.path == STREAM + "sessions":
             await self._stream(ex, req, body, remote, trusted_peer)
+            return
+        if req.path.startswith(STREAM):
+            await self._generic(ex, req, body, remote, trusted_peer)
             return
         route, args = self._route(req)
         who = await self._principal(req, body, trusted_peer)
@@ -295,10 +316,34 @@ class Api:
             raise RuntimeError(f"{route.name}'s answer does not match its document: {e}") from None
         await ex.reply(route.status, self._encoder.encode(checked), JSON)
 
-    async def _principal(self, req: Request, body: bytes, trusted_peer: bool) -> Principal:
-        """Who sends the request (as a WebSocket's handshake is checked), within its rate."""
+    async def _generic(self, ex: Exchange, req: Request, body: bytes, remote: str, trusted_peer: bool) -> None:
+        """/v1/stream/<name>: the generic namespace (namespace.py), the
+        streams of the request's user (or, in the loopback anonymous mode, of
+        nobody's but the anonymous callers')."""
+        namespace = self.server.namespace
+        if namespace is None:
+            raise ApiError("not_found", f"no such stream: {req.path} (this server keeps no generic streams)")
+        origin = req.headers.get("origin")
+        ex.extra = {"Cross-Origin-Resource-Policy": "cross-origin"}
+        if origin is not None and origin.lower() in self.server.allowed_origins():
+            ex.extra.update({"Access-Control-Allow-Origin": origin, "Vary": "Origin",
+                             "Access-Control-Expose-Headers": STREAM_EXPOSED})
+        if req.method == "OPTIONS":  # a browser's preflight (the origin's answer is in ex.extra)
+            await ex.reply(204, headers={"Access-Control-Allow-Methods": "GET, HEAD, POST, PUT, DELETE",
+                                         "Access-Control-Allow-Headers": STREAM_REQUEST_HEADERS,
+                                         "Access-Control-Max-Age": "600"})
+            return
+        who = await self._principal(req, body, trusted_peer, remote)
+        await namespace.answer(ex, req, body, who.user)
+
+    async def _principal(self, req: Request, body: bytes, trusted_peer: bool, remote: str | None = None) -> Principal:
+        """Who sends the request (as a WebSocket's handshake is checked), within
+        its rate. With `remote` (the generic namespace only), a request
+        without credentials may be the anonymous principal."""
         server = self.server
         who = server.check_handshake(req, trusted_peer)
+        if who == REFUSED and remote is not None:
+            who = server.anonymous(req, remote) or who
         if isinstance(who, str):
             if who == REFUSED:
                 raise ApiError("unauthorized", who, 401)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import logging
 import unicodedata
 from collections.abc import Callable
@@ -58,6 +59,9 @@ _NOT_IN_USER_IDS: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 # leaves it to the verifier: "a few minutes" is the usual advice.
 MAX_LEEWAY: Final = 300.0
 AUTH_MODES: Final = ("token", "tokens-file", "proxy-header", "jwt")
+# Whose the generic streams of requests without credentials are (the loopback
+# anonymous mode, --streams-anonymous): no user id has a leading space.
+ANONYMOUS: Final = " anonymous"
 
 
 class Credential(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,6 +110,21 @@ def user_id(raw: str) -> str | None:
     if len(user) > MAX_USER_ID or any(unicodedata.category(c) in _NOT_IN_USER_IDS for c in user):
         return None
     return user
+
+
+def anonymous_principal(req: Request, remote: str, enabled: bool) -> Principal | None:
+    """The anonymous principal, for a request of the generic namespace that
+    shows no credentials at all, sent straight from this machine (a loopback
+    peer, no proxy's forwarding header), when the mode is on; else None."""
+    if not enabled or presented_token(req) or "authorization" in req.headers:
+        return None
+    if " (via " in remote or "x-forwarded-for" in req.headers or "forwarded" in req.headers:
+        return None
+    try:
+        peer = ipaddress.ip_address(remote.rsplit(":", 1)[0].strip("[]"))
+    except ValueError:
+        return None
+    return Principal(user=ANONYMOUS) if peer.is_loopback else None
 
 
 def _digest(token: str) -> bytes:

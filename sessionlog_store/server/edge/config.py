@@ -45,6 +45,10 @@ class ServerConfig:
     # An external producer (edge/producers.py) silent this long loses its
     # reply: it ends aborted, "producer lost".
     producer_timeout: float = 30.0
+    # The generic streams (/v1/stream/<name>) of requests without credentials,
+    # from this machine only: an anonymous owner's (--streams-anonymous; for
+    # the Durable Streams conformance suite and local tools, never sessions).
+    streams_anonymous: bool = False
 
     def __post_init__(self) -> None:
         if self.public_url is not None:

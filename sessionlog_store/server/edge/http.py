@@ -83,6 +83,7 @@ class Exchange:
         self._head_only = False  # the request is a HEAD (known before its head parses)
         self.served = 0  # requests answered on this connection
         self.idle_end = False  # the last read_request found the peer gone (or silent) between requests
+        self.extra: dict[str, str] = {}  # headers every answer to this request carries (CORS)
 
     async def read_request(self) -> Request | None:
         """The request head, or None when it is malformed, over MAX_HEAD bytes,
@@ -179,7 +180,7 @@ class Exchange:
         raise HTTPError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s")
 
     def _head(self, status: int, headers: dict[str, str], close: bool) -> bytes:
-        fields = {**_COMMON, **headers}
+        fields = {**_COMMON, **self.extra, **headers}
         if close:
             fields["Connection"] = "close"
         return self.h11.send(h11.Response(status_code=status, headers=[
@@ -224,6 +225,7 @@ class Exchange:
         (close it): the client asked to close, or its body was not read."""
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
             self.h11.start_next_cycle()
+            self.extra = {}
             return True
         return False
 

@@ -27,7 +27,8 @@ from sessionlog_store.server.domain.errors import NotFound
 from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 from sessionlog_store.server.edge import protocol as p
-from sessionlog_store.server.edge.auth import PROTOCOL, REFUSED, Principal, make_authenticator
+from sessionlog_store.server.domain.streamspace import StreamSpace
+from sessionlog_store.server.edge.auth import PROTOCOL, REFUSED, Principal, anonymous_principal, make_authenticator
 from sessionlog_store.server.edge.config import ServerConfig as ServerConfig
 from sessionlog_store.server.edge.connection import Connection
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits, Quotas
@@ -37,6 +38,7 @@ from sessionlog_store.server.edge.http import Exchange, HTTPError, Request
 from sessionlog_store.server.edge.producers import ExternalReply, Producers
 from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
 from sessionlog_store.server.edge.metrics import ServerMetrics, readiness
+from sessionlog_store.server.edge.namespace import Namespace
 
 log = logging.getLogger("sessionlog.ws")
 
@@ -48,7 +50,7 @@ class Server:
     """The WebSocket/HTTP front of one store."""
 
     def __init__(self, store: SessionStore, config: ServerConfig, agent: Agent,
-                 agents: dict[str, Agent] | None = None) -> None:
+                 agents: dict[str, Agent] | None = None, streams: StreamSpace | None = None) -> None:
         self.store = store
         self.config = config
         self.agent = agent  # answers sessions whose agent_id has no agent of its own
@@ -66,6 +68,7 @@ class Server:
         self.assets = Assets()
         self.producers = Producers(store, self.quotas, config.producer_timeout)
         self.producer_timeout = config.producer_timeout
+        self.namespace = Namespace(streams, config.root_path, config.public_url) if streams is not None else None
         self.api = Api(self)
 
     # -- security --------------------------------------------------------------
@@ -125,6 +128,9 @@ class Server:
             self.quotas.refused["auth"] += 1
             return REFUSED
         return Principal(user=cred.user, admin=cred.user in self.admins, credential=cred)
+
+    def anonymous(self, req: Request, remote: str) -> Principal | None:
+        return anonymous_principal(req, remote, self.config.streams_anonymous)
 
     def reload_auth(self) -> None:
         """SIGHUP: re-read the credentials; a connection whose credential no

@@ -1,0 +1,355 @@
+"""The generic namespace of the Durable Streams protocol: the streams an app
+creates under /v1/stream/ (PUT, POST, GET, HEAD, DELETE: edge/namespace.py
+speaks the HTTP), on the store's engine. Each stream is a log of its own in
+an event log (the local engine's: a data root `streams/` beside the
+sessions', with its journal and group commit, server/local/streamspace.py),
+folded into a StreamState (projections/dstream.py).
+
+Theory of operation
+-------------------
+- Durable before acknowledged: a create is its log's creation (its first
+  records, fsynced); an append is one record, answered once its batch is
+  durable. Readers see a unit only once it is durable (`StreamState.durable`),
+  so nothing a reader was shown is lost by a crash.
+- Ordered without a lock per append: an append is checked (closure, content
+  type, producer, Stream-Seq) and applied to the state before the first
+  await, then enqueued in the same step; its producer's next request, even if
+  it arrives first, sees the state after it. A create or delete holds the
+  space's lifecycle lock (they create and remove logs).
+- A stream belongs to one owner (the user that made it; anonymous streams,
+  edge/namespace.py, are an owner of their own): another owner's name is a
+  different stream.
+- Expiry (Stream-TTL, sliding on reads and writes; Stream-Expires-At) is
+  checked on every access and swept every SWEEP_SECONDS; an expired stream
+  with forks is soft-deleted (gone to clients, kept for the forks). The TTL's
+  window restarts when the server starts (last accesses are not logged).
+- A deleted stream's log gets a tombstone, then is removed; a start that
+  finds a tombstone (or a soft-deleted stream no fork reads) finishes that.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Final, NamedTuple
+
+import trio
+
+from sessionlog_store.eventstore.backend import EventLog
+from sessionlog_store.eventstore.events import SessionDeleted, StreamAppended, StreamOpened, StreamSoftDeleted
+from sessionlog_store.eventstore.ids import new_session_id
+from sessionlog_store.eventstore.record import Record
+from sessionlog_store.projections.dstream import (Refused, StreamState, encode_offset, is_json, json_unit,
+                                                  media_type)
+
+log = logging.getLogger("sessionlog.streams")
+
+SWEEP_SECONDS: Final = 10.0
+DEFAULT_TYPE: Final = "application/octet-stream"
+
+
+class Appended(NamedTuple):
+    status: int                  # 200 (a producer's new append), 204
+    headers: dict[str, str]
+
+
+def expiry_of(state: StreamState, last_access: float) -> float:
+    """When the stream expires (time.time()), math.inf for never."""
+    at = math.inf
+    if state.expires_at is not None:
+        try:
+            at = datetime.fromisoformat(state.expires_at.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            at = 0.0
+    if state.ttl is not None:
+        at = min(at, last_access + state.ttl)
+    return at
+
+
+class StreamSpace:
+    """Every generic stream of one server."""
+
+    def __init__(self, es: EventLog) -> None:
+        self.es = es
+        self.streams: dict[tuple[str, str], StreamState] = {}   # (owner, name): the live ones
+        self.logs: dict[str, StreamState] = {}                  # log id: live and soft-deleted
+        self._access: dict[str, float] = {}
+        self._changed: dict[str, trio.Event] = {}
+        self._lifecycle = trio.Lock()
+        self._doomed: set[str] = set()  # logs to remove (expired, or deleted while a removal failed)
+
+    # -- start -------------------------------------------------------------
+
+    def load(self, logs: dict[str, list[Record]]) -> list[str]:
+        """Fold the logs a start found (tombstoned ones left out by the
+        caller); returns the ids of logs to remove: a name's older log (a
+        crash between an expiry and its removal), a fork whose source is gone,
+        a soft-deleted stream no fork reads."""
+        states: dict[str, StreamState] = {}
+        for log_id, records in logs.items():
+            if not records or not isinstance(records[0].event, StreamOpened):
+                log.warning("stream log %s does not start with its creation: removed", log_id)
+                self._doomed.add(log_id)
+                continue
+            st = StreamState.opened(log_id, records[0].event)
+            for rec in records[1:]:
+                st.apply(rec)
+            st.durable, st.ended = len(st.units), st.closed
+            states[log_id] = st
+        done: set[str] = set()
+
+        def resolve(st: StreamState, seen: frozenset[str]) -> bool:
+            if st.log_id in done:
+                return True
+            if st.forked_from is not None:
+                src = states.get(st.forked_from)
+                if src is None or st.forked_from in seen or not resolve(src, seen | {st.log_id}):
+                    return False
+                st.inherit(src)
+                src.refcount += 1
+            done.add(st.log_id)
+            return True
+        for st in sorted(states.values(), key=lambda s: s.created_at):
+            if not resolve(st, frozenset()):
+                log.warning("stream %r: its fork source is gone: removed", st.name)
+                self._doomed.add(st.log_id)
+                continue
+            key = (st.owner, st.name)
+            old = self.streams.get(key)
+            if old is not None and not old.soft_deleted:  # the newer one is the stream
+                self._doomed.add(old.log_id)
+            self.streams[key] = st
+            self.logs[st.log_id] = st
+        now = time.time()
+        for st in self.logs.values():
+            self._access[st.log_id] = now
+        for st in list(self.logs.values()):
+            if st.log_id in self._doomed:
+                self.logs.pop(st.log_id, None)
+            elif st.soft_deleted and st.refcount == 0:
+                self._forget(st)
+        return sorted(self._doomed)
+
+    # -- lookups -----------------------------------------------------------
+
+    def find(self, owner: str, name: str, *, touch: bool = True) -> StreamState:
+        """The stream, or Refused 404 (none, or expired) / 410 (soft-deleted)."""
+        st = self.streams.get((owner, name))
+        if st is not None and self._expired(st):
+            st = self.streams.get((owner, name))
+        if st is None:
+            raise Refused(404, "unknown_stream", f"no stream {name!r}")
+        if st.soft_deleted:
+            raise Refused(410, "stream_gone", f"stream {name!r} was deleted (forks still read from it)")
+        if touch:
+            self._access[st.log_id] = time.time()
+        return st
+
+    def _expired(self, st: StreamState) -> bool:
+        """Whether the stream expired (and is now gone or soft-deleted)."""
+        if expiry_of(st, self._access.get(st.log_id, 0.0)) > time.time():
+            return False
+        if st.soft_deleted:
+            return True
+        if st.refcount > 0:
+            st.soft_deleted = True  # (in memory: an expiry is the clock's, not a record)
+        else:
+            self._forget(st)
+        self._notify(st)
+        return True
+
+    def _forget(self, st: StreamState) -> None:
+        """Drop a stream with no forks (its log removed later, by the sweeper),
+        and its source if that was soft-deleted and this its last fork."""
+        self.logs.pop(st.log_id, None)
+        if self.streams.get((st.owner, st.name)) is st:
+            del self.streams[(st.owner, st.name)]
+        self._doomed.add(st.log_id)
+        src = self.logs.get(st.forked_from) if st.forked_from is not None else None
+        if src is not None:
+            src.refcount -= 1
+            if src.refcount <= 0 and src.soft_deleted:
+                self._forget(src)
+
+    def _notify(self, st: StreamState) -> None:
+        ev = self._changed.pop(st.log_id, None)
+        if ev is not None:
+            ev.set()
+
+    def changed(self, st: StreamState) -> trio.Event:
+        """Set at the stream's next change (a durable append, its close, its end)."""
+        ev = self._changed.get(st.log_id)
+        if ev is None:
+            ev = self._changed[st.log_id] = trio.Event()
+        return ev
+
+    def gone(self, st: StreamState) -> bool:
+        return self.logs.get(st.log_id) is not st or st.soft_deleted or self._expired(st)
+
+    # -- create ------------------------------------------------------------
+
+    async def create(self, owner: str, name: str, *, content_type: str | None, ttl: int | None,
+                     expires_at: str | None, closed: bool, data: bytes, forked_from: str | None = None,
+                     fork_offset: int | None = None, fork_sub: int = 0) -> tuple[StreamState, bool]:
+        """Create the stream (True), or find it made alike (False); Refused
+        409 if it exists otherwise, 404/409/400 for a fork's source."""
+        async with self._lifecycle:
+            existing = self.streams.get((owner, name))
+            if existing is not None and self._expired(existing):
+                existing = self.streams.get((owner, name))
+            if existing is not None and existing.soft_deleted:
+                raise Refused(409, "stream_exists", f"stream {name!r} was deleted but forks still read from it: "
+                              "its name is not free until they are gone")
+            source: StreamState | None = None
+            if forked_from is not None:
+                source = self._source(owner, forked_from)
+            ctype = content_type or (source.content_type if source is not None else DEFAULT_TYPE)
+            if source is not None and media_type(ctype) != media_type(source.content_type):
+                raise Refused(409, "content_type_mismatch",
+                              f"a fork's content type is its source's ({source.content_type})")
+            if source is not None and ttl is None and expires_at is None:
+                ttl, expires_at = source.ttl, source.expires_at
+            if existing is not None:
+                same = (media_type(existing.content_type) == media_type(ctype) and existing.ttl == ttl
+                        and existing.expires_at == expires_at and existing.closed == closed
+                        and existing.forked_from == (source.log_id if source is not None else None)
+                        and (fork_offset is None or existing.fork_offset == fork_offset)
+                        and existing.fork_sub == fork_sub)
+                if not same:
+                    raise Refused(409, "stream_exists", f"stream {name!r} exists with another configuration")
+                self._access[existing.log_id] = time.time()
+                return existing, False
+            start = 0
+            prefix = b""
+            if source is not None:
+                start = source.visible_tail if fork_offset is None else fork_offset
+                if start > source.visible_tail:
+                    raise Refused(400, "bad_fork_offset", "Stream-Fork-Offset is beyond the source's end")
+                if start and start not in source.ends[:source.durable]:
+                    raise Refused(400, "bad_fork_offset", "Stream-Fork-Offset is not an offset of the source")
+                if fork_sub:
+                    prefix = source.sub_offset_unit(start, fork_sub)
+            unit = json_unit(data, create=True) if data and is_json(ctype) else data
+            opened = StreamOpened(name=name, owner=owner, content_type=ctype, ttl=ttl, expires_at=expires_at,
+                                  created_at=time.time(), forked_from=source.log_id if source else None,
+                                  fork_offset=start, fork_sub=fork_sub)
+            events: list[StreamOpened | StreamAppended] = [opened]
+            if prefix:
+                events.append(StreamAppended(data=prefix))
+            if unit or closed:
+                events.append(StreamAppended(data=unit, close=closed))
+            log_id = new_session_id()
+            appended = await self.es.create(log_id, events)
+            st = StreamState.opened(log_id, opened)
+            if source is not None:
+                st.inherit(source)
+                source.refcount += 1
+            for a in appended[1:]:
+                st.apply(a.record)
+            st.durable, st.ended = len(st.units), st.closed
+            self.streams[(owner, name)] = st
+            self.logs[log_id] = st
+            self._access[log_id] = time.time()
+            return st, True
+
+    def _source(self, owner: str, name: str) -> StreamState:
+        st = self.streams.get((owner, name))
+        if st is not None and self._expired(st):
+            st = None
+        if st is None:
+            raise Refused(404, "unknown_stream", f"no source stream {name!r}")
+        if st.soft_deleted:
+            raise Refused(409, "stream_gone", f"source stream {name!r} was deleted")
+        return st
+
+    # -- append ------------------------------------------------------------
+
+    async def append(self, st: StreamState, body: bytes, *, content_type: str | None, close: bool,
+                     producer: tuple[str, int, int] | None, stream_seq: str | None) -> Appended:
+        """One POST (section 5.2): checked and applied before any await, then
+        answered once durable."""
+        if st.closed:
+            if close and not body and producer is None:
+                return Appended(204, self._tail(st, closed=True))
+            if producer is not None and st.closed_by == producer:
+                return Appended(204, {**self._tail(st, closed=True), "Producer-Epoch": str(producer[1]),
+                                      "Producer-Seq": str(producer[2])})
+            raise Refused(409, "stream_closed", "the stream is closed", self._tail(st, closed=True))
+        if body:
+            if not content_type:
+                raise Refused(400, "bad_request", "an append needs a Content-Type")
+            if media_type(content_type) != media_type(st.content_type):
+                raise Refused(409, "content_type_mismatch",
+                              f"this stream is {st.content_type}, not {content_type[:60]!r}")
+        elif not close:
+            raise Refused(400, "bad_request", "an empty append (no body and no Stream-Closed: true)")
+        if producer is not None:
+            pid, epoch, seq = producer
+            if st.check_producer(pid, epoch, seq) == "duplicate":
+                return Appended(204, {**self._tail(st, closed=st.closed), "Producer-Epoch": str(epoch),
+                                      "Producer-Seq": str(st.producers[pid].seq)})
+        if stream_seq is not None and st.stream_seq is not None and stream_seq <= st.stream_seq:
+            raise Refused(409, "stream_seq_conflict",
+                          f"Stream-Seq {stream_seq[:40]!r} is not after {st.stream_seq[:40]!r}")
+        unit = json_unit(body) if body and st.json else body
+        ev = StreamAppended(data=unit, producer=producer[0] if producer else None,
+                            epoch=producer[1] if producer else 0, pseq=producer[2] if producer else 0,
+                            stream_seq=stream_seq, close=close)
+        st.apply(Record(0, 0.0, ev))
+        count = len(st.units)
+        self._access[st.log_id] = time.time()
+        # (append_many enqueues before its first await: the record's place in
+        # the log is this step's, as the state's change is)
+        await self.es.append_many(st.log_id, [ev])
+        st.durable = max(st.durable, count)
+        st.ended |= close
+        self._notify(st)
+        headers = self._tail(st, closed=close, at=st.ends[count - 1] if count else st.fork_offset)
+        if producer is not None:
+            headers.update({"Producer-Epoch": str(producer[1]), "Producer-Seq": str(producer[2])})
+            return Appended(200 if body else 204, headers)
+        return Appended(204, headers)
+
+    def _tail(self, st: StreamState, *, closed: bool, at: int | None = None) -> dict[str, str]:
+        h = {"Stream-Next-Offset": encode_offset(st.tail if at is None else at)}
+        if closed:
+            h["Stream-Closed"] = "true"
+        return h
+
+    # -- delete ------------------------------------------------------------
+
+    async def delete(self, owner: str, name: str) -> None:
+        async with self._lifecycle:
+            st = self.find(owner, name, touch=False)
+            if st.refcount > 0:
+                await self.es.append_many(st.log_id, [StreamSoftDeleted()])
+                st.soft_deleted = True
+            else:
+                self._forget(st)
+                await self._remove_doomed()
+            self._notify(st)
+
+    async def _remove_doomed(self) -> None:
+        for log_id in sorted(self._doomed):
+            if log_id in self.es:
+                await self.es.append_many(log_id, [SessionDeleted()])
+                await self.es.remove(log_id)
+            self._doomed.discard(log_id)
+
+    # -- the sweeper -------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Remove what a start doomed, then, every SWEEP_SECONDS, the streams
+        that expired unread. Runs until cancelled."""
+        task_status.started()
+        while True:
+            async with self._lifecycle:
+                for st in list(self.streams.values()):
+                    self._expired(st)
+                await self._remove_doomed()
+            await trio.sleep(SWEEP_SECONDS)
+
+    def names(self, owner: str) -> Sequence[str]:
+        return sorted(n for (o, n) in self.streams if o == owner)
