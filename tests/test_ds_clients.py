@@ -1,13 +1,20 @@
 """The Durable Streams protocol's own client from PyPI (`durable-streams`,
 written by nobody here) reads a reply while an external producer streams it:
 by long-poll and by SSE, cut in the middle and resumed from the offset it
-was given, getting exactly the text (issue 27 item 2)."""
+was given, getting exactly the text (issue 27 item 2); and the protocol's
+TypeScript client (`@durable-streams/client`) does the same under Node."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
 
 import pytest
 import trio
 
 from .httpc import HttpClient
+from .nodejs import node_tests
 from .test_deploy import start
 from .test_ws import TOKEN
 
@@ -56,5 +63,64 @@ async def test_the_official_python_client_reads_a_streaming_reply_and_resumes(ro
         full = "".join(TEXT)
         assert at <= len(got) and got[:at] == full[:at]
         assert rest == full[at:], "the resumed read is exactly the rest"
+        loaded = (await producer.request("GET", f"/v1/sessions/{sid}")).json()["messages"][-1]
+        assert loaded["content"] == full and loaded["status"] == "done"
+
+
+@pytest.mark.parametrize("live", ["long-poll", "sse"])
+async def test_the_official_typescript_client_reads_a_streaming_reply_and_resumes(root, nursery, live):
+    """@durable-streams/client under Node (tests/node/read_stream.mjs) reads
+    a reply while it streams, is cut, and resumes from the offset it held,
+    getting exactly the rest up to the reply's end (the stream's closure)."""
+    node_dir = node_tests()
+    server = await start(nursery, root)
+    async with HttpClient(server.port, TOKEN) as producer:
+        sid = (await producer.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        opened = (await producer.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        url = f"http://127.0.0.1:{server.port}{opened['stream']}"
+
+        async def produce(pieces: list[str], close: bool = False) -> None:
+            for i, piece in enumerate(pieces):
+                last = close and i == len(pieces) - 1
+                a = await producer.request("POST", opened["stream"], raw=piece.encode(), headers={
+                    "Content-Type": "text/plain", **({"Stream-Closed": "true"} if last else {})})
+                assert a.status in (200, 204), a.body
+
+        async def read(offset: str, stop_after: int | None, then: list[str], close: bool) -> dict[str, Any]:
+            """Run the Node reader; once it has handed over its first chunk,
+            produce `then` (so it reads them live); its last line."""
+            env = {**os.environ, **({"STOP_AFTER": str(stop_after)} if stop_after else {})}
+            proc = await trio.lowlevel.open_process(["node", "read_stream.mjs", url, TOKEN, live, offset],
+                                                    cwd=node_dir, stdout=subprocess.PIPE, env=env)
+            assert proc.stdout is not None
+            lines, buf, produced = [], b"", False
+            try:
+                while True:
+                    data = await proc.stdout.receive_some(65536)
+                    if not data:
+                        break
+                    buf += data
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        lines.append(json.loads(line))
+                        if not produced:
+                            produced = True
+                            nursery.start_soon(produce, then, close)
+                await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            assert proc.returncode == 0 and lines and lines[-1].get("end"), lines
+            return lines[-1]
+
+        full = "".join(TEXT)
+        await produce(TEXT[:1])
+        cut = await read("", len("".join(TEXT[:4])), TEXT[1:4], False)
+        await produce(TEXT[4:5])  # while nobody reads
+        at = int(cut["offset"][:16])  # (the server's own format: characters before it)
+        assert cut["text"] == full[:at] and at >= len("".join(TEXT[:4]))
+        rest = await read(cut["offset"], None, TEXT[5:], True)
+        assert rest["text"] == full[at:], "the resumed read is exactly the rest"
         loaded = (await producer.request("GET", f"/v1/sessions/{sid}")).json()["messages"][-1]
         assert loaded["content"] == full and loaded["status"] == "done"
