@@ -28,6 +28,7 @@ from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.edge.auth import REFUSED, Principal
 from sessionlog_store.server.edge.connection import error_of
 from sessionlog_store.server.edge.http import MAX_BODY, Exchange, Request
+from sessionlog_store.server.edge.logstream import LogTaps, SessionLogStream
 from sessionlog_store.server.edge.namespace import Namespace
 from sessionlog_store.server.edge.openapi import openapi_document
 from sessionlog_store.server.edge.operations import Operations, OperationsHost
@@ -40,6 +41,7 @@ log = logging.getLogger("sessionlog.http")
 V1: Final = "/v1/"
 STREAM: Final = "/v1/stream/"
 _MESSAGE_STREAM: Final = re.compile(r"^/v1/stream/sessions/(?P<session_id>[^/]+)/messages/(?P<msg_id>[^/]+)$")
+_LOG_STREAM: Final = re.compile(r"^/v1/stream/sessions/(?P<session_id>[^/]+)$")
 JSON: Final = "application/json"
 # CORS for the generic streams (to an origin of --allow-origin): what a
 # browser may send, and read of the answers.
@@ -238,6 +240,7 @@ def _decode_query(target: str, kind: type) -> Any:
 class ApiHost(OperationsHost, Protocol):
     """What the API asks of its server (edge/ws.py's Server) beyond the operations'."""
     producers: Producers
+    log_taps: LogTaps
     namespace: Namespace | None  # the generic streams (None: this server keeps none)
 
     def anonymous(self, req: Request, remote: str) -> Principal | None: ...
@@ -360,6 +363,18 @@ class Api:
     async def _stream(self, ex: Exchange, req: Request, body: bytes, remote: str, trusted_peer: bool) -> None:
         """/v1/stream/: the Durable Streams protocol (streams.py)."""
         m = _MESSAGE_STREAM.match(req.path)
+        log_stream = _LOG_STREAM.match(req.path) if m is None else None
+        if log_stream is not None:
+            if req.method not in ("GET", "HEAD"):
+                raise ApiError("method_not_allowed", f"{req.method} is not allowed here (allowed: GET, HEAD)",
+                               allow="GET, HEAD")
+            who = await self._principal(req, body, trusted_peer)
+            if body:
+                raise ApiError("bad_request", "a read takes no body")
+            read = SessionLogStream(ex, self._operations(who, remote), self.server.log_taps, req.target,
+                                    log_stream["session_id"])
+            await read.answer(req.method, req.headers.get("if-none-match", ""))
+            return
         if m is None:
             raise ApiError("not_found", f"no such stream: {req.path}")
         if req.method not in ("GET", "HEAD", "POST"):

@@ -38,6 +38,7 @@ from sessionlog_store.server.edge.http import Exchange, HTTPError, Request
 from sessionlog_store.server.edge.producers import ExternalReply, Producers
 from sessionlog_store.server.edge.metrics import CONTENT_TYPE as METRICS_TYPE
 from sessionlog_store.server.edge.metrics import ServerMetrics, readiness
+from sessionlog_store.server.edge.logstream import LogTaps
 from sessionlog_store.server.edge.namespace import Namespace
 
 log = logging.getLogger("sessionlog.ws")
@@ -68,6 +69,7 @@ class Server:
         self.assets = Assets()
         self.producers = Producers(store, self.quotas, config.producer_timeout)
         self.producer_timeout = config.producer_timeout
+        self.log_taps = LogTaps(store.es)
         self.namespace = Namespace(streams, config.root_path, config.public_url) if streams is not None else None
         self.api = Api(self)
 
