@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from sessionlog_store.server.edge.auth import AuthConfig
 from sessionlog_store.server.edge.client import open_client
@@ -229,3 +230,78 @@ async def test_a_producer_writes_only_its_users_sessions_and_only_external_repli
                                 raw=b"x", headers={"Content-Type": "text/plain"})
         assert a.status == 409 and a.json()["error"]["code"] in ("not_producer", "message_finished")
         assert (await alice.request("GET", opened["stream"])).body == b""
+
+
+async def test_an_external_producer_records_tool_calls_tokens_and_its_tree(root, nursery):
+    """What an in-process agent records, an external producer records too: a
+    tool call as a `tool_call` message under its reply (its arguments and
+    result as its text, its tool in its metadata), token totals and the
+    agentic tree (PATCH, idempotent), seen live by a reader and in the log."""
+    server = await start(nursery, root)
+    async with HttpClient(server.port, TOKEN) as c:
+        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        reply = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        rid, stream = reply["reply_id"], reply["stream"]
+        text = {"Content-Type": "text/plain"}
+        assert (await c.request("POST", stream, raw=b"Let me look. ", headers=text)).status == 204
+        call = await c.request("POST", f"/v1/sessions/{sid}/replies", {
+            "kind": "tool_call", "caller": rid, "parent_id": rid,
+            "metadata": {"tool": "search", "tool_call_id": "call_1"}})
+        assert call.status == 201, call.body
+        call_stream = call.json()["stream"]
+        assert (await c.request("POST", call_stream, raw=b'{"q": "durable logs"}\n', headers=text)).status == 204
+        assert (await c.request("POST", call_stream, raw=b"3 results", headers={
+            **text, "Stream-Closed": "true"})).status == 204
+        tree = {"name": "plan", "status": "running", "children": [{"name": "search", "status": "done"}]}
+        for _ in range(2):  # a retry sets the same totals: idempotent
+            got = await c.request("PATCH", f"/v1/sessions/{sid}/replies/{rid}",
+                                  {"tokens": {"input": 120, "output": 34}, "tree": tree})
+            assert got.status == 200 and got.json() == {"reply_id": rid, "tokens": {"input": 120, "output": 34}}
+        live = (await c.request("GET", f"/v1/sessions/{sid}")).json()["messages"]
+        running = next(m for m in live if m["msg_id"] == rid)
+        assert running["status"] == "running"
+        assert running["metadata"]["partial_tokens_used"] == {"input": 120, "output": 34}
+        assert running["metadata"]["context_tree"] == tree
+        bad = await c.request("PATCH", f"/v1/sessions/{sid}/replies/{rid}", {"tokens": {"input": -1}})
+        assert bad.status == 400
+        assert (await c.request("POST", stream, raw=b"Found it.", headers={**text, "Stream-Closed": "true"})).status \
+            == 204
+        late = await c.request("PATCH", f"/v1/sessions/{sid}/replies/{rid}", {"tokens": {"output": 99}})
+        assert late.status == 409 and late.json()["error"]["code"] == "message_finished"
+        log = (await c.request("GET", f"/v1/stream/sessions/{sid}")).json()
+        created = {m["event"]["msg_id"]: m["event"] for m in log if m["event"]["type"] == "message_created"}
+        tool = next(e for e in created.values() if e.get("kind") == "tool_call")
+        assert (tool["role"], tool["caller"], tool["parent_id"], tool["metadata"]) == (
+            "tool", rid, rid, {"tool": "search", "tool_call_id": "call_1"})
+        state = (await c.request("GET", f"/v1/sessions/{sid}")).json()
+        assert [m["content"] for m in state["messages"] if m["msg_id"] == rid] == ["Let me look. Found it."]
+        loaded = await server.store.load_session(sid)
+        assert loaded.messages[tool["msg_id"]].content == '{"q": "durable logs"}\n3 results'
+        assert loaded.messages[rid].metadata["partial_tokens_used"] == {"input": 120, "output": 34}
+
+
+async def test_a_producer_following_its_replys_stream_learns_of_a_stop_at_once(root, nursery):
+    """The control channel: a producer reading its own reply's stream (SSE)
+    sees the Stop as the stream's closure, `aborted`, "stopped by user",
+    without having to append first; its next append is refused."""
+    server = await start(nursery, root)
+    async with HttpClient(server.port, TOKEN) as c, HttpClient(server.port, TOKEN) as reader:
+        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        reply = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        assert (await c.request("POST", reply["stream"], raw=b"working", headers={
+            "Content-Type": "text/plain"})).status == 204
+        got: list = []
+
+        async def follow() -> None:
+            got.append(await reader.request("GET", f"{reply['stream']}?offset=-1&live=sse"))
+        async with trio.open_nursery() as n:
+            n.start_soon(follow)
+            await trio.testing.wait_all_tasks_blocked()
+            stop = await c.request("POST", f"/v1/sessions/{sid}/messages/{reply['reply_id']}/stop")
+            assert stop.status == 200
+        events = got[0].body.decode()
+        last = json.loads(events.strip().split("\n")[-1].removeprefix("data: "))
+        assert last["streamClosed"] is True and last["status"] == "aborted"
+        assert last["abortedReason"] == "stopped by user"
+        refused = await c.request("POST", reply["stream"], raw=b"more", headers={"Content-Type": "text/plain"})
+        assert refused.status == 409 and refused.json()["error"]["code"] == "message_finished"

@@ -123,6 +123,15 @@ class InflightMessage:
         self.last_activity = trio.current_time()
         self._dirty[self] = None
 
+    def set_tokens(self, input: int, output: int) -> None:  # noqa: A002 - the spec's names
+        """Set the cumulative token counts (an external producer's totals)."""
+        if self.finished:
+            return
+        self.tokens = {"input": input, "output": output}
+        self._tokens_dirty = True
+        self.last_activity = trio.current_time()
+        self._dirty[self] = None
+
     def add_tokens(self, input: int = 0, output: int = 0) -> None:  # noqa: A002 - the spec's names
         """Add to the cumulative token counts (partial_tokens_used)."""
         if self.finished:

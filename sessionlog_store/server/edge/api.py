@@ -170,9 +170,19 @@ async def _relocate(c: Call) -> Any:
 async def _open_reply(c: Call) -> Any:
     b: t.NewReply = c.body
     sid = c.args["session_id"]
-    reply = await c.ops.open_reply(sid, kind=b.kind, parent_id=b.parent_id, caller=b.caller)
+    reply = await c.ops.open_reply(sid, kind=b.kind, parent_id=b.parent_id, caller=b.caller, role=b.role,
+                                   metadata=b.metadata)
     return {"session_id": sid, "reply_id": reply.msg_id, "stream": f"{STREAM}sessions/{sid}/messages/{reply.msg_id}",
             "producer_timeout": c.ops.server.producer_timeout}
+
+
+async def _reply_progress(c: Call) -> Any:
+    b: t.ReplyProgress = c.body
+    sid, rid = c.args["session_id"], c.args["reply_id"]
+    c.ops.own(sid)
+    producers = c.ops.server.producers
+    tokens = (b.tokens.input, b.tokens.output) if b.tokens is not None else None
+    return {"reply_id": rid, "tokens": await producers.progress(producers.reply_of(sid, rid), tokens, b.tree)}
 
 
 async def _running(c: Call) -> Any:
@@ -210,6 +220,9 @@ ROUTES: Final = (
     Route("POST", f"{_S}/replies", "openReply", "A reply an external producer streams into (its placeholder "
           "durable on return): append to its `stream`, close it to end it", _open_reply, t.ReplyOpened, 201,
           body=t.NewReply, errors=(400, 401, 404, 409, 429)),
+    Route("PATCH", f"{_S}/replies/{{reply_id}}", "replyProgress", "A running reply's token totals and agentic "
+          "tree, from its external producer", _reply_progress, t.ReplyProgressed, body=t.ReplyProgress,
+          errors=(400, 401, 404, 409)),
     Route("POST", f"{_S}/relocate", "relocateProject", "Point a session's project at its moved folder",
           _relocate, t.Relocated, body=t.Relocation, errors=(400, 401, 404, 409)),
     Route("POST", "/v1/chat", "chat", "A user's message and the server's agent's reply to it (in a new "

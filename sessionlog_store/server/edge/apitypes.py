@@ -99,6 +99,25 @@ class NewReply(Body):
     kind: Literal["llm_reply", "tool_call", "agentic_fn", "task_spawn"] = "llm_reply"
     parent_id: Sid | None = None
     caller: Sid | None = None
+    # Its role (default: assistant for an llm_reply, tool otherwise) and what
+    # the message records beside its text (a tool call: {"tool": name,
+    # "tool_call_id": id}, as the server's own agents write it).
+    role: Literal["assistant", "tool"] | None = None
+    metadata: dict[str, Any] = {}
+
+
+class Tokens(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    input: Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)] = 0
+    output: Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)] = 0
+
+
+class ReplyProgress(Body):
+    """What a running reply has beside its text: its token counts so far
+    (totals, not increments: a retry sets the same) and its agentic tree
+    (the whole tree, replacing the last). One record, durable with the next
+    group commit, told to readers as a progress update."""
+    tokens: Tokens | None = None
+    tree: Any = None
 
 
 class NewProject(Body):
@@ -229,6 +248,11 @@ class ReplyOpened(Answer):
     reply_id: str
     stream: str             # its Durable Streams URL: read it, append to it, close it
     producer_timeout: float
+
+
+class ReplyProgressed(Answer):
+    reply_id: str
+    tokens: Tokens
 
 
 class Stopped(Answer):

@@ -19,7 +19,7 @@ from sessionlog_store.server.edge.auth import Principal
 
 if TYPE_CHECKING:
     from sessionlog_store.server.domain.store import SessionStore
-    from sessionlog_store.server.edge.producers import ExternalReply
+    from sessionlog_store.server.edge.producers import ExternalReply, Producers
     from sessionlog_store.server.edge.limits import Quotas
 
 # Every read an admin makes of another user's sessions (docs/SECURITY.md).
@@ -32,11 +32,13 @@ class OperationsHost(Protocol):
     quotas: Quotas
 
     producer_timeout: float  # (the producers' silence bound)
+    producers: Producers
 
     def push_projects(self, owner: str) -> None: ...
     async def start_reply(self, session_id: str, parent_id: str | None, user: str = "",
                           reserved: bool = False, reply_id: str | None = None) -> str: ...
     async def open_external_reply(self, session_id: str, user: str, *, kind: str, parent_id: str | None,
+                                  role: str | None = None, metadata: dict[str, Any] | None = None,
                                   caller: str | None) -> ExternalReply: ...
 
 
@@ -207,13 +209,13 @@ class Operations:
         return await self.store.append_message(sid, content, role=role, kind=kind, parent_id=parent_id,
                                                metadata=metadata)
 
-    async def open_reply(self, sid: str, *, kind: str, parent_id: str | None,
-                         caller: str | None) -> ExternalReply:
+    async def open_reply(self, sid: str, *, kind: str, parent_id: str | None, caller: str | None,
+                         role: str | None = None, metadata: dict[str, Any] | None = None) -> ExternalReply:
         """A reply of this user's session that an external producer streams
         (edge/producers.py); its placeholder is durable on return."""
         self.own(sid)
         return await self.server.open_external_reply(sid, self.principal.user, kind=kind, parent_id=parent_id,
-                                                     caller=caller)
+                                                     caller=caller, role=role, metadata=metadata)
 
     async def _update(self, sid: str, **fields: Any) -> dict[str, Any]:
         self.own(sid)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -89,7 +89,8 @@ class Producers:
         self.ended: OrderedDict[tuple[str, str], tuple[str, dict[str, Producer]]] = OrderedDict()
 
     async def open(self, nursery: trio.Nursery, session_id: str, owner: str, *, kind: str,
-                   parent_id: str | None, caller: str | None) -> ExternalReply:
+                   parent_id: str | None, caller: str | None, role: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> ExternalReply:
         """A new reply, its placeholder durable on return (a turn: refused
         `reply_running` while another reply runs in the session, as a chat)."""
         store, quotas = self.store, self.quotas
@@ -101,8 +102,9 @@ class Producers:
             try:
                 reserved = await store.reserve_reply(session_id) if turn else None
                 try:
+                    role = role or ("assistant" if kind == "llm_reply" else "tool")
                     reply: ExternalReply = await nursery.start(self._hold, session_id, owner, kind, parent_id,
-                                                               caller, reserved)
+                                                               caller, reserved, role, dict(metadata or {}))
                 except BaseException:
                     await store.reply_released(session_id, reserved)
                     raise
@@ -115,13 +117,13 @@ class Producers:
         return reply
 
     async def _hold(self, session_id: str, owner: str, kind: str, parent_id: str | None, caller: str | None,
-                    reserved: str | None, task_status: trio.TaskStatus[ExternalReply] = trio.TASK_STATUS_IGNORED
-                    ) -> None:
+                    reserved: str | None, role: str, metadata: dict[str, Any],
+                    task_status: trio.TaskStatus[ExternalReply] = trio.TASK_STATUS_IGNORED) -> None:
         store, started = self.store, False
         reply: ExternalReply | None = None
         try:
-            async with store.inflight(session_id, kind=kind, parent_id=parent_id, caller=caller, msg_id=reserved,
-                                      leased=reserved is not None) as msg:
+            async with store.inflight(session_id, kind=kind, role=role, parent_id=parent_id, caller=caller,
+                                      metadata=metadata, msg_id=reserved, leased=reserved is not None) as msg:
                 reply = ExternalReply(session_id, msg.msg_id, owner, msg)
                 self.replies[(session_id, msg.msg_id)] = reply
                 task_status.started(reply)
@@ -210,6 +212,19 @@ class Producers:
             kept = self.ended.get((reply.session_id, reply.msg_id))
             return AppendResult(200 if echo is not None else 204, reply.msg.length, echo,
                                 closed=kept[0] if kept is not None else close)
+
+    async def progress(self, reply: ExternalReply, tokens: tuple[int, int] | None, tree: Any) -> dict[str, int]:
+        """Set a running reply's token totals and (not None) its tree: one
+        progress record, at once in the log and told to readers."""
+        async with reply.lock:
+            if reply.msg.finished:
+                self.reply_of(reply.session_id, reply.msg_id)
+            if tokens is not None:
+                reply.msg.set_tokens(*tokens)
+            if tree is not None:
+                reply.msg.set_tree(tree)
+            self.store.saver.flush(reply.msg)
+            return dict(reply.msg.tokens)
 
     def retried(self, session_id: str, msg_id: str, producer: tuple[str, int, int] | None) -> AppendResult | None:
         """An ended reply's append that its producer had made already (a retry

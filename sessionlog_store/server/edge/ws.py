@@ -388,11 +388,12 @@ class Server:
             self.quotas.end_reply(user)
 
     async def open_external_reply(self, session_id: str, user: str, *, kind: str, parent_id: str | None,
-                                  caller: str | None) -> ExternalReply:
+                                  caller: str | None, role: str | None = None,
+                                  metadata: dict[str, Any] | None = None) -> ExternalReply:
         """A reply an external producer streams into (edge/producers.py)."""
         assert self._agents is not None
         return await self.producers.open(self._agents, session_id, user, kind=kind, parent_id=parent_id,
-                                         caller=caller)
+                                         caller=caller, role=role, metadata=metadata)
 
     async def prepare_stop(self, timeout: float = 2.0) -> None:
         """The first part of a graceful stop, while connections are still
