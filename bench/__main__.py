@@ -10,13 +10,14 @@
   auth       refused handshakes take the same time whatever was wrong
   scaleout   the JetStream backend next to the local one, and a leader killed mid-run
   http_stack the HTTP side: an ASGI stack on trio vs the h11 edge extended (static, SSE fan-out)
+  http_producers  external producers over HTTP vs an in-process agent, SSE readers, a reader's resume
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "http_stack")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "http_stack", "http_producers")
 
 
 def main() -> int:

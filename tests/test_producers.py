@@ -305,3 +305,46 @@ async def test_a_producer_following_its_replys_stream_learns_of_a_stop_at_once(r
         assert last["abortedReason"] == "stopped by user"
         refused = await c.request("POST", reply["stream"], raw=b"more", headers={"Content-Type": "text/plain"})
         assert refused.status == 409 and refused.json()["error"]["code"] == "message_finished"
+
+
+async def test_many_replies_appended_in_one_request(root, nursery, tmp_path):
+    """POST /v1/appends: a backend streaming many replies sends their appends
+    together; each is answered as its own append would be (producer rules,
+    ownership, closure), and one item's refusal leaves the others standing."""
+    server = await start_users(nursery, root, auth=AuthConfig(mode="tokens-file", tokens_file=tokens_file(tmp_path)))
+    async with HttpClient(server.port, TOKENS["alice"]) as alice, HttpClient(server.port, TOKENS["bob"]) as bob:
+        replies = []
+        for _ in range(3):
+            sid = (await alice.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+            replies.append((sid, (await alice.request("POST", f"/v1/sessions/{sid}/replies", {})).json()["reply_id"]))
+        bob_sid = (await bob.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        bob_reply = (await bob.request("POST", f"/v1/sessions/{bob_sid}/replies", {})).json()["reply_id"]
+
+        def item(sid: str, rid: str, text: str, seq: int, **extra: object) -> dict[str, object]:
+            return {"session_id": sid, "reply_id": rid, "text": text,
+                    "producer": {"id": "backend", "epoch": 0, "seq": seq}, **extra}
+        first = await alice.request("POST", "/v1/appends", {"appends": [
+            item(s, r, f"{i}a", 0) for i, (s, r) in enumerate(replies)] + [item(bob_sid, bob_reply, "x", 0)]})
+        assert first.status == 200
+        got = first.json()["results"]
+        assert [r["status"] for r in got] == [200, 200, 200, 404]
+        assert got[3]["error"]["code"] == "unknown_session", "another user's session is an unknown one"
+        again = await alice.request("POST", "/v1/appends", {"appends": [
+            item(*replies[0], "0a", 0),                      # a retry: a duplicate, nothing appended
+            item(*replies[1], "1b", 2),                      # a gap
+            item(*replies[2], "2b", 1, close="done"),        # the last append, and the end
+            {"session_id": replies[0][0], "reply_id": replies[0][1]}]})  # empty
+        r = again.json()["results"]
+        assert [x["status"] for x in r] == [204, 409, 200, 400]
+        assert r[1]["error"]["code"] == "producer_seq_gap" and r[2]["closed"] == "done"
+        late = await alice.request("POST", "/v1/appends", {"appends": [item(*replies[2], "more", 2)]})
+        assert late.json()["results"][0]["error"]["code"] == "message_finished"
+        bad = await alice.request("POST", "/v1/appends", {"appends": [{"session_id": "x", "reply_id": "y",
+                                                                        "txt": "unknown field"}]})
+        assert bad.status == 400
+        texts = {}
+        for sid, rid in replies:
+            msgs = (await alice.request("GET", f"/v1/sessions/{sid}")).json()["messages"]
+            texts[rid] = next(m for m in msgs if m["msg_id"] == rid)["content"]
+        assert list(texts.values()) == ["0a", "1a", "2a2b"]
+        assert (await bob.request("GET", f"/v1/sessions/{bob_sid}")).json()["messages"][-1]["content"] == ""

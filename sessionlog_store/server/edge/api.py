@@ -185,6 +185,32 @@ async def _reply_progress(c: Call) -> Any:
     return {"reply_id": rid, "tokens": await producers.progress(producers.reply_of(sid, rid), tokens, b.tree)}
 
 
+async def _appends(c: Call) -> Any:
+    """Many replies' appends in one request: each as its own `POST {stream}`
+    (the same checks, producer rules and answers), in order."""
+    b: t.Appends = c.body
+    producers = c.ops.server.producers
+    owned: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for a in b.appends:
+        sid, rid = a.session_id, a.reply_id
+        try:
+            if sid not in owned:
+                c.ops.own(sid)
+                owned.add(sid)
+            if not a.text and a.close is None:
+                raise ServiceError("bad_request", "an empty append (no text and no close)")
+            who = (a.producer.id, a.producer.epoch, a.producer.seq) if a.producer is not None else None
+            got = producers.retried(sid, rid, who)
+            if got is None:
+                got = await producers.append(producers.reply_of(sid, rid), a.text, who, a.close, a.error)
+            out.append({"status": got.status, "next_offset": got.next_offset,
+                        "producer_seq": got.producer[1] if got.producer is not None else None, "closed": got.closed})
+        except ServiceError as e:
+            out.append({"status": status_of(e.code), "error": {"code": e.code, "message": e.message}})
+    return {"results": out}
+
+
 async def _running(c: Call) -> Any:
     return (await c.ops.run(p.ListRunning()))[1]
 
@@ -223,6 +249,9 @@ ROUTES: Final = (
     Route("PATCH", f"{_S}/replies/{{reply_id}}", "replyProgress", "A running reply's token totals and agentic "
           "tree, from its external producer", _reply_progress, t.ReplyProgressed, body=t.ReplyProgress,
           errors=(400, 401, 404, 409)),
+    Route("POST", "/v1/appends", "appendMany", "Appends to many external replies in one request (a backend "
+          "streaming many at once): each answered as its own append", _appends, t.AppendsDone, body=t.Appends,
+          errors=(400, 401, 429)),
     Route("POST", f"{_S}/relocate", "relocateProject", "Point a session's project at its moved folder",
           _relocate, t.Relocated, body=t.Relocation, errors=(400, 401, 404, 409)),
     Route("POST", "/v1/chat", "chat", "A user's message and the server's agent's reply to it (in a new "

@@ -250,6 +250,41 @@ class ReplyOpened(Answer):
     producer_timeout: float
 
 
+class ProducerIds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The Durable Streams protocol's idempotent producer (its three headers)."""
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    epoch: Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]
+    seq: Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]
+
+
+class AppendItem(Body):
+    """One append to one external reply, as `POST {stream}` would make it."""
+    session_id: Sid
+    reply_id: Sid
+    text: str = ""
+    producer: ProducerIds | None = None
+    close: Literal["done", "error"] | None = None
+    error: Annotated[str, msgspec.Meta(max_length=2000)] | None = None
+
+
+class Appends(Body):
+    """Appends to many external replies in one request (a backend streaming
+    many replies at once), applied in order, each answered on its own."""
+    appends: Annotated[list[AppendItem], msgspec.Meta(min_length=1, max_length=10_000)]
+
+
+class AppendDone(msgspec.Struct, kw_only=True, omit_defaults=True):
+    status: int                       # as `POST {stream}` would have answered
+    next_offset: int | None = None    # characters in the reply after it
+    producer_seq: int | None = None   # the highest accepted seq of its producer
+    closed: str | None = None         # how the reply ended, when it ended
+    error: ErrorDetail | None = None
+
+
+class AppendsDone(Answer):
+    results: list[AppendDone]
+
+
 class ReplyProgressed(Answer):
     reply_id: str
     tokens: Tokens
