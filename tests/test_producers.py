@@ -348,3 +348,32 @@ async def test_many_replies_appended_in_one_request(root, nursery, tmp_path):
             texts[rid] = next(m for m in msgs if m["msg_id"] == rid)["content"]
         assert list(texts.values()) == ["0a", "1a", "2a2b"]
         assert (await bob.request("GET", f"/v1/sessions/{bob_sid}")).json()["messages"][-1]["content"] == ""
+
+
+async def test_malformed_sse_reconnects_get_a_clear_answer_and_change_nothing(root, nursery):
+    """What a confused or hostile client sends when it reconnects to a
+    stream: an empty or mangled offset is 400 bad_offset; an EventSource's
+    Last-Event-ID is ignored (resume is by offset); a garbage cursor gets a
+    fresh one; none of it touches the reply."""
+    server = await start(nursery, root)
+    async with HttpClient(server.port, TOKEN) as c:
+        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        reply = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        stream = reply["stream"]
+        assert (await c.request("POST", stream, raw=b"abc", headers={"Content-Type": "text/plain"})).status == 204
+        tag = stream_tag(sid, reply["reply_id"])
+        for bad in ("", "%0A", encode_offset(1, tag) + "%0D%0Aevent:%20x", "-2", "now%00"):
+            a = await c.request("GET", f"{stream}?offset={bad}&live=sse")
+            assert a.status == 400 and a.json()["error"]["code"] == "bad_offset", bad
+        assert (await c.request("POST", stream, raw=b"def", headers={"Content-Type": "text/plain",
+                                                                     "Stream-Closed": "true"})).status == 204
+        a = await c.request("GET", f"{stream}?offset={encode_offset(1, tag)}&live=sse&cursor=%3Cscript%3E",
+                            headers={"Last-Event-ID": "999999"})
+        assert a.status == 200
+        body = a.body.decode()
+        assert "data: bcdef" in body and '"streamClosed": true' in body
+        cursors = [json.loads(line.removeprefix("data: "))["streamCursor"] for line in body.splitlines()
+                   if line.startswith("data: {") and "streamCursor" in line]
+        assert all(cur.isdigit() for cur in cursors)
+        msg = (await c.request("GET", f"/v1/sessions/{sid}")).json()["messages"][-1]
+        assert (msg["content"], msg["status"]) == ("abcdef", "done")
