@@ -276,7 +276,9 @@ class EventStore:
             raise SessionReadOnly(f"session {session_id} is quarantined (damaged log); repair it first")
         data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
         data += self.unwritten(session_id)
-        return [r for r in scan(session_id, data).records if r.seq > after_seq]
+        # (decoded in the thread too: a long log must not hold the event loop)
+        return await trio.to_thread.run_sync(
+            lambda: [r for r in scan(session_id, data).records if r.seq > after_seq])
 
     # -- appends ----------------------------------------------------------
 

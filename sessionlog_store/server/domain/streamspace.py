@@ -38,6 +38,7 @@ from typing import Final, NamedTuple
 import trio
 
 from sessionlog_store.eventstore.backend import EventLog
+from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.events import SessionDeleted, StreamAppended, StreamOpened, StreamSoftDeleted
 from sessionlog_store.eventstore.ids import new_session_id
 from sessionlog_store.eventstore.record import Record
@@ -48,6 +49,10 @@ log = logging.getLogger("sessionlog.streams")
 
 SWEEP_SECONDS: Final = 10.0
 DEFAULT_TYPE: Final = "application/octet-stream"
+# What one owner may keep (429 limit_streams past it): every stream's bytes
+# are held in memory while the server runs and read back at each start.
+MAX_OWNER_BYTES: Final = 256 * 1024 * 1024
+MAX_OWNER_STREAMS: Final = 10_000
 
 
 class Appended(NamedTuple):
@@ -71,28 +76,45 @@ def expiry_of(state: StreamState, last_access: float) -> float:
 class StreamSpace:
     """Every generic stream of one server."""
 
-    def __init__(self, es: EventLog) -> None:
+    def __init__(self, es: EventLog, *, max_owner_bytes: int = MAX_OWNER_BYTES,
+                 max_owner_streams: int = MAX_OWNER_STREAMS) -> None:
         self.es = es
-        self.streams: dict[tuple[str, str], StreamState] = {}   # (owner, name): the live ones
+        self.streams: dict[tuple[str, str], StreamState] = {}   # (owner, name): live and soft-deleted
         self.logs: dict[str, StreamState] = {}                  # log id: live and soft-deleted
+        self.damaged: dict[str, str] = {}                       # log id: what is wrong (read-only)
+        self.max_owner_bytes, self.max_owner_streams = max_owner_bytes, max_owner_streams
+        self._bytes: dict[str, int] = {}   # owner: its streams' own bytes
+        self._count: dict[str, int] = {}   # owner: its streams
         self._access: dict[str, float] = {}
         self._changed: dict[str, trio.Event] = {}
         self._lifecycle = trio.Lock()
-        self._doomed: set[str] = set()  # logs to remove (expired, or deleted while a removal failed)
+        self._doomed: set[str] = set()  # logs to remove (expired, deleted, left over)
+        self._soft: set[str] = set()    # expired under forks: their soft delete to write
+        self._wake = trio.Event()       # the sweeper has work
 
     # -- start -------------------------------------------------------------
 
-    def load(self, logs: dict[str, list[Record]]) -> list[str]:
+    def load(self, logs: dict[str, list[Record]], damaged: dict[str, str] | None = None) -> list[str]:
         """Fold the logs a start found (tombstoned ones left out by the
-        caller); returns the ids of logs to remove: a name's older log (a
-        crash between an expiry and its removal), a fork whose source is gone,
-        a soft-deleted stream no fork reads."""
+        caller; `damaged`: logs read-only for damage, with what is wrong);
+        returns the ids of logs to remove: a name's older log (a crash
+        between an expiry and its removal), a fork whose source is gone, a
+        soft-deleted stream no fork reads, an expired one. A damaged log is
+        never removed: its stream answers 409 read_only until it is repaired
+        (`sessionlog repair --root <data root>/streams <log id>`)."""
+        damaged = damaged or {}
         states: dict[str, StreamState] = {}
         for log_id, records in logs.items():
             if not records or not isinstance(records[0].event, StreamOpened):
+                if log_id in damaged:
+                    log.error("stream log %s is damaged before its first record (%s): not loaded; "
+                              "`sessionlog repair --root <data root>/streams %s`", log_id, damaged[log_id], log_id)
+                    continue
                 log.warning("stream log %s does not start with its creation: removed", log_id)
                 self._doomed.add(log_id)
                 continue
+            if log_id in damaged:
+                self.damaged[log_id] = damaged[log_id]
             st = StreamState.opened(log_id, records[0].event)
             for rec in records[1:]:
                 st.apply(rec)
@@ -130,7 +152,15 @@ class StreamSpace:
                 self.logs.pop(st.log_id, None)
             elif st.soft_deleted and st.refcount == 0:
                 self._forget(st)
+            elif not st.soft_deleted:
+                self._counted(st, +1)
+        for st in list(self.streams.values()):
+            self._expired(st)  # (one past its Stream-Expires-At goes now)
         return sorted(self._doomed)
+
+    def _counted(self, st: StreamState, sign: int) -> None:
+        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + sign * st.own_bytes
+        self._count[st.owner] = self._count.get(st.owner, 0) + sign
 
     # -- lookups -----------------------------------------------------------
 
@@ -143,6 +173,9 @@ class StreamSpace:
             raise Refused(404, "unknown_stream", f"no stream {name!r}")
         if st.soft_deleted:
             raise Refused(410, "stream_gone", f"stream {name!r} was deleted (forks still read from it)")
+        if st.log_id in self.damaged:
+            raise Refused(409, "read_only", f"stream {name!r}'s log is damaged ({self.damaged[st.log_id]}): "
+                          f"read-only until `sessionlog repair --root <data root>/streams {st.log_id}`")
         if touch:
             self._access[st.log_id] = time.time()
         return st
@@ -154,7 +187,10 @@ class StreamSpace:
         if st.soft_deleted:
             return True
         if st.refcount > 0:
-            st.soft_deleted = True  # (in memory: an expiry is the clock's, not a record)
+            st.soft_deleted = True
+            self._counted(st, -1)
+            self._soft.add(st.log_id)  # (its record: the sweeper's, at once)
+            self._wake.set()
         else:
             self._forget(st)
         self._notify(st)
@@ -163,10 +199,14 @@ class StreamSpace:
     def _forget(self, st: StreamState) -> None:
         """Drop a stream with no forks (its log removed later, by the sweeper),
         and its source if that was soft-deleted and this its last fork."""
-        self.logs.pop(st.log_id, None)
+        if self.logs.pop(st.log_id, None) is st and not st.soft_deleted:
+            self._counted(st, -1)
         if self.streams.get((st.owner, st.name)) is st:
             del self.streams[(st.owner, st.name)]
+        self._access.pop(st.log_id, None)
+        self._notify(st)
         self._doomed.add(st.log_id)
+        self._wake.set()
         src = self.logs.get(st.forked_from) if st.forked_from is not None else None
         if src is not None:
             src.refcount -= 1
@@ -180,6 +220,10 @@ class StreamSpace:
 
     def changed(self, st: StreamState) -> trio.Event:
         """Set at the stream's next change (a durable append, its close, its end)."""
+        if self.logs.get(st.log_id) is not st:
+            done = trio.Event()
+            done.set()  # (gone: nothing more will change)
+            return done
         ev = self._changed.get(st.log_id)
         if ev is None:
             ev = self._changed[st.log_id] = trio.Event()
@@ -232,6 +276,7 @@ class StreamSpace:
                 if fork_sub:
                     prefix = source.sub_offset_unit(start, fork_sub)
             unit = json_unit(data, create=True) if data and is_json(ctype) else data
+            self._room(owner, len(unit) + len(prefix), new_stream=True)
             opened = StreamOpened(name=name, owner=owner, content_type=ctype, ttl=ttl, expires_at=expires_at,
                                   created_at=time.time(), forked_from=source.log_id if source else None,
                                   fork_offset=start, fork_sub=fork_sub)
@@ -252,7 +297,16 @@ class StreamSpace:
             self.streams[(owner, name)] = st
             self.logs[log_id] = st
             self._access[log_id] = time.time()
+            self._counted(st, +1)
             return st, True
+
+    def _room(self, owner: str, size: int, *, new_stream: bool = False) -> None:
+        """Refuse (429 limit_streams) what would take the owner past its share."""
+        if new_stream and self._count.get(owner, 0) >= self.max_owner_streams:
+            raise Refused(429, "limit_streams", f"at most {self.max_owner_streams} streams a user")
+        if self._bytes.get(owner, 0) + size > self.max_owner_bytes:
+            raise Refused(429, "limit_streams", f"at most {self.max_owner_bytes // 2**20} MiB of streams a user: "
+                          "delete some first")
 
     def _source(self, owner: str, name: str) -> StreamState:
         st = self.streams.get((owner, name))
@@ -270,10 +324,14 @@ class StreamSpace:
                      producer: tuple[str, int, int] | None, stream_seq: str | None) -> Appended:
         """One POST (section 5.2): checked and applied before any await, then
         answered once durable."""
+        if self.es.broken is not None:
+            raise Refused(503, "store_broken", f"the streams' store failed: {self.es.broken}")
         if st.closed:
             if close and not body and producer is None:
+                await self._settled(st)
                 return Appended(204, self._tail(st, closed=True))
             if producer is not None and st.closed_by == producer:
+                await self._settled(st)
                 return Appended(204, {**self._tail(st, closed=True), "Producer-Epoch": str(producer[1]),
                                       "Producer-Seq": str(producer[2])})
             raise Refused(409, "stream_closed", "the stream is closed", self._tail(st, closed=True))
@@ -288,16 +346,19 @@ class StreamSpace:
         if producer is not None:
             pid, epoch, seq = producer
             if st.check_producer(pid, epoch, seq) == "duplicate":
+                await self._settled(st)  # (what it duplicates is durable before it is said to be stored)
                 return Appended(204, {**self._tail(st, closed=st.closed), "Producer-Epoch": str(epoch),
                                       "Producer-Seq": str(st.producers[pid].seq)})
         if stream_seq is not None and st.stream_seq is not None and stream_seq <= st.stream_seq:
             raise Refused(409, "stream_seq_conflict",
                           f"Stream-Seq {stream_seq[:40]!r} is not after {st.stream_seq[:40]!r}")
         unit = json_unit(body) if body and st.json else body
+        self._room(st.owner, len(unit))
         ev = StreamAppended(data=unit, producer=producer[0] if producer else None,
                             epoch=producer[1] if producer else 0, pseq=producer[2] if producer else 0,
                             stream_seq=stream_seq, close=close)
         st.apply(Record(0, 0.0, ev))
+        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + len(unit)
         count = len(st.units)
         self._access[st.log_id] = time.time()
         # (append_many enqueues before its first await: the record's place in
@@ -311,6 +372,11 @@ class StreamSpace:
             headers.update({"Producer-Epoch": str(producer[1]), "Producer-Seq": str(producer[2])})
             return Appended(200 if body else 204, headers)
         return Appended(204, headers)
+
+    async def _settled(self, st: StreamState) -> None:
+        """Wait until every record of the stream enqueued so far is durable."""
+        if st.log_id in self.es:
+            await self.es.wait_durable(st.log_id, self.es.last_seq(st.log_id))
 
     def _tail(self, st: StreamState, *, closed: bool, at: int | None = None) -> dict[str, str]:
         h = {"Stream-Next-Offset": encode_offset(st.tail if at is None else at)}
@@ -326,17 +392,37 @@ class StreamSpace:
             if st.refcount > 0:
                 await self.es.append_many(st.log_id, [StreamSoftDeleted()])
                 st.soft_deleted = True
+                self._counted(st, -1)
+                if st.refcount == 0:  # (its last fork went meanwhile: an expiry)
+                    self._forget(st)
+                    await self._remove_doomed()
             else:
                 self._forget(st)
                 await self._remove_doomed()
             self._notify(st)
 
     async def _remove_doomed(self) -> None:
+        """Remove the doomed logs (a tombstone, then the log) and write the
+        soft deletes of expiries. A damaged log is left as it is (logged);
+        a failure is logged, never the server's end."""
+        for log_id in sorted(self._soft):
+            self._soft.discard(log_id)
+            st = self.logs.get(log_id)
+            if st is not None and log_id not in self.damaged and self.es.broken is None:
+                await self.es.append_many(log_id, [StreamSoftDeleted()])
         for log_id in sorted(self._doomed):
-            if log_id in self.es:
+            self._doomed.discard(log_id)
+            if log_id not in self.es:
+                continue
+            if log_id in self.damaged or self.es.corruption(log_id) is not None:
+                log.error("stream log %s is damaged: left for `sessionlog repair --root <data root>/streams %s`",
+                          log_id, log_id)
+                continue
+            try:
                 await self.es.append_many(log_id, [SessionDeleted()])
                 await self.es.remove(log_id)
-            self._doomed.discard(log_id)
+            except (EventStoreError, OSError) as e:
+                log.error("removing stream log %s failed: %s", log_id, e)
 
     # -- the sweeper -------------------------------------------------------
 
@@ -348,8 +434,10 @@ class StreamSpace:
             async with self._lifecycle:
                 for st in list(self.streams.values()):
                     self._expired(st)
+                self._wake = trio.Event()
                 await self._remove_doomed()
-            await trio.sleep(SWEEP_SECONDS)
+            with trio.move_on_after(SWEEP_SECONDS):
+                await self._wake.wait()
 
     def names(self, owner: str) -> Sequence[str]:
         return sorted(n for (o, n) in self.streams if o == owner)

@@ -187,19 +187,23 @@ class SessionLogStream:
         first = True
         with trio.move_on_after(SSE_SECONDS):
             while records is not None:
-                out = b""
-                if records:
-                    pos = records[-1].seq
-                    out += b"event: data\ndata:" + _body(records) + b"\n\n"
-                control: dict[str, object] = {"streamNextOffset": encode_offset(pos, self.tag)}
-                closed = bool(self._closing(records))
-                if closed:
-                    control.update(streamClosed=True, upToDate=True)
-                else:
-                    control.update(streamCursor=cursor(self.cursor), upToDate=True)
-                if records or first:
-                    out += f"event: control\ndata:{json.dumps(control)}\n\n".encode()
-                    await ex.send(out)
+                closed = False
+                for k in range(0, max(len(records), 1), CHUNK_RECORDS):  # (a long catch-up: in chunks)
+                    part = records[k:k + CHUNK_RECORDS]
+                    out = b""
+                    if part:
+                        pos = part[-1].seq
+                        out += b"event: data\ndata:" + _body(part) + b"\n\n"
+                    control: dict[str, object] = {"streamNextOffset": encode_offset(pos, self.tag)}
+                    closed = bool(self._closing(part))
+                    last = k + CHUNK_RECORDS >= len(records)
+                    if closed:
+                        control.update(streamClosed=True, upToDate=True)
+                    else:
+                        control.update(streamCursor=cursor(self.cursor), upToDate=last)
+                    if part or first:
+                        out += f"event: control\ndata:{json.dumps(control)}\n\n".encode()
+                        await ex.send(out)
                 first = False
                 if closed:
                     break

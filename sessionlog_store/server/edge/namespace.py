@@ -84,7 +84,7 @@ class Namespace:
         if self.public_url is not None:
             u = urlsplit(self.public_url)
             return f"{u.scheme}://{u.netloc}{self.root_path}"
-        return f"http://{req.headers.get('host', 'localhost')}"
+        return f"http://{req.headers.get('host', 'localhost')}{self.root_path}"
 
     async def answer(self, ex: Exchange, req: Request, body: bytes, owner: str) -> None:
         name = stream_name(req.path)
@@ -218,6 +218,8 @@ class Namespace:
         i, j = st.span(start, CHUNK)
         if live == "long-poll" and i == j:
             i, j = await self._wait(st, start)
+            if self.space.gone(st):
+                self.space.find(owner, name, touch=False)  # (raises: 404, or 410 under forks)
             if i == j:
                 headers = {"Stream-Next-Offset": encode_offset(st.end_of(i, j)),
                            "Stream-Up-To-Date": "true", "Stream-Cursor": cursor(theirs)}

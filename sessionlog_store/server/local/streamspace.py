@@ -25,12 +25,15 @@ log = logging.getLogger("sessionlog.streams")
 STREAMS_DIR: Final = "streams"
 
 
-def read_stream_logs(es: EventStore, fs: FileOps, root: str) -> tuple[dict[str, list[Record]], list[str]]:
+def read_stream_logs(es: EventStore, fs: FileOps, root: str
+                     ) -> tuple[dict[str, list[Record]], list[str], dict[str, str]]:
     """In a worker thread: every stream log's records (a torn tail cut and
-    kept aside, as a session's is), registered with the event store; and the
-    logs whose tombstone says to finish their removal."""
+    kept aside, as a session's is), registered with the event store; the
+    logs whose tombstone says to finish their removal; the damaged ones
+    (read-only: their records before the damage, and what is wrong)."""
     logs: dict[str, list[Record]] = {}
     tombstoned: list[str] = []
+    damaged: dict[str, str] = {}
     for log_id in list_session_ids(fs, root):
         data = read_log(fs, root, log_id)
         found = scan(log_id, data)
@@ -40,11 +43,12 @@ def read_stream_logs(es: EventStore, fs: FileOps, root: str) -> tuple[dict[str, 
         es.register(log_id, found.records[-1].seq if found.records else 0, found.good_end, found.corrupt)
         if found.corrupt is not None:
             log.error("%s: stream read-only (its log is damaged)", found.corrupt)
-        if found.records and isinstance(found.records[-1].event, SessionDeleted):
+            damaged[log_id] = str(found.corrupt)
+        if found.corrupt is None and found.records and isinstance(found.records[-1].event, SessionDeleted):
             tombstoned.append(log_id)
         else:
             logs[log_id] = found.records
-    return logs, tombstoned
+    return logs, tombstoned, damaged
 
 
 @asynccontextmanager
@@ -55,11 +59,11 @@ async def open_stream_space(data_root: str, *, fs: FileOps = OS_FILES, sync_mode
     root = os.path.join(os.path.abspath(data_root), STREAMS_DIR)
     await trio.to_thread.run_sync(fs.makedirs, root)
     async with open_event_store(root, fs=fs, sync_mode=sync_mode, journal_sync_interval=journal_sync_interval) as es:
-        logs, tombstoned = await trio.to_thread.run_sync(read_stream_logs, es, fs, root)
+        logs, tombstoned, damaged = await trio.to_thread.run_sync(read_stream_logs, es, fs, root)
         for log_id in tombstoned:
             await es.remove(log_id)
         space = StreamSpace(es)
-        space.load(logs)
+        space.load(logs, damaged)
         async with trio.open_nursery() as nursery:
             await nursery.start(space.run)
             yield space
