@@ -8,6 +8,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 from .processes import ServeProcess, free_port
@@ -135,5 +137,57 @@ def test_without_the_anonymous_mode_a_request_needs_credentials(tmp_path):
     try:
         status, _, body = call(s.port, "PUT", "/v1/stream/x", b"", {"Content-Type": "text/plain"}, token=None)
         assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized"
+    finally:
+        s.stop()
+
+
+def test_a_stop_ends_every_live_read_cleanly_and_readers_resume(tmp_path):
+    """SIGTERM while SSE readers follow a generic stream, a reply and a
+    session's log, and a long-poll waits: every answer is complete (an SSE
+    answer ends, a reply's with its `aborted` closure), the long-poll is
+    answered, and after the restart each reader resumes from its offset."""
+    import subprocess
+    s = serve(tmp_path)
+    p = s.port
+    auth = f"Authorization: Bearer {TOKEN}"
+    assert call(p, "PUT", "/v1/stream/g", b"x", {"Content-Type": "text/plain"})[0] == 201
+    sid = json.loads(call(p, "POST", "/v1/sessions", b"{}", {"Content-Type": "application/json"})[2])["session"]["id"]
+    reply = json.loads(call(p, "POST", f"/v1/sessions/{sid}/replies", b"{}",
+                            {"Content-Type": "application/json"})[2])
+    assert call(p, "POST", reply["stream"], b"hel", {"Content-Type": "text/plain"})[0] == 204
+    base = f"http://127.0.0.1:{p}"
+    reads = {"generic": f"{base}/v1/stream/g?offset=-1&live=sse",
+             "reply": f"{base}{reply['stream']}?offset=-1&live=sse",
+             "log": f"{base}/v1/stream/sessions/{sid}?offset=-1&live=sse"}
+    outs = {k: tmp_path / f"{k}.sse" for k in reads}
+    curls = {k: subprocess.Popen(["curl", "-s", "-N", "-H", auth, url, "-o", str(outs[k])]) for k, url in reads.items()}
+    for k in reads:  # each is following (its first control event came)
+        deadline = time.monotonic() + 30
+        while "streamNextOffset" not in (outs[k].read_text() if outs[k].exists() else ""):
+            assert time.monotonic() < deadline, k
+            time.sleep(0.05)
+    poll = subprocess.Popen(["curl", "-s", "-i", "-H", auth, f"{base}/v1/stream/g?offset=0000000000000000_"
+                             "0000000000000002&live=long-poll"], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while "sessionlog_stream_reads 4.0" not in call(p, "GET", "/metrics", token=None)[2].decode():
+        assert time.monotonic() < deadline, "the long-poll is waiting"
+        time.sleep(0.05)
+    s.stop()  # SIGTERM, and its exit
+    assert s.proc is not None and s.proc.returncode == 0
+    for k, c in curls.items():
+        assert c.wait(30) == 0, f"the {k} answer ended complete"
+    answer = poll.communicate(timeout=30)[0]
+    assert poll.returncode == 0 and answer.split()[1] == "204", answer
+    reply_events = outs["reply"].read_text()
+    assert '"status": "aborted"' in reply_events and "server shutdown" in reply_events
+    last_offset = {k: re.findall(r'"streamNextOffset": ?"([^"]+)"', outs[k].read_text())[-1] for k in reads}
+    s = serve(tmp_path, port=p)
+    try:
+        assert call(p, "POST", "/v1/stream/g", b"y", {"Content-Type": "text/plain"})[0] == 204
+        assert call(p, "GET", f"/v1/stream/g?offset={last_offset['generic']}")[2] == b"y"
+        rest = call(p, "GET", f"{reply['stream']}?offset={last_offset['reply']}")
+        assert rest[2] == b"" and rest[1].get("stream-closed") == "true"
+        log_rest = json.loads(call(p, "GET", f"/v1/stream/sessions/{sid}?offset={last_offset['log']}")[2])
+        assert all(m["seq"] > int(last_offset["log"][:16]) for m in log_rest)
     finally:
         s.stop()

@@ -218,6 +218,12 @@ class StreamSpace:
         if ev is not None:
             ev.set()
 
+    def wake_all(self) -> None:
+        """Wake every reader waiting on a stream (a stop: they look again)."""
+        for ev in self._changed.values():
+            ev.set()
+        self._changed.clear()
+
     def changed(self, st: StreamState) -> trio.Event:
         """Set at the stream's next change (a durable append, its close, its end)."""
         if self.logs.get(st.log_id) is not st:

@@ -283,7 +283,8 @@ class ApiHost(OperationsHost, Protocol):
     """What the API asks of its server (edge/ws.py's Server) beyond the operations'."""
     producers: Producers
     log_taps: LogTaps
-    namespace: Namespace | None  # the generic streams (None: this server keeps none)
+    namespace: Namespace | None
+    live_reads: int  # the generic streams (None: this server keeps none)
 
     def anonymous(self, req: Request, remote: str) -> Principal | None: ...
 
@@ -338,11 +339,15 @@ class Api:
                 raise ApiError("forbidden", "Host not allowed", 403)
             await ex.reply(200, self.document(), JSON, headers={"Cache-Control": "no-cache"})
             return
-        if req.path.startswith(STREAM + "sessions/") or req.path == STREAM + "sessions":
-            await self._stream(ex, req, body, remote, trusted_peer)
-            return
         if req.path.startswith(STREAM):
-            await self._generic(ex, req, body, remote, trusted_peer)
+            server.live_reads += 1
+            try:
+                if req.path.startswith(STREAM + "sessions/") or req.path == STREAM + "sessions":
+                    await self._stream(ex, req, body, remote, trusted_peer)
+                else:
+                    await self._generic(ex, req, body, remote, trusted_peer)
+            finally:
+                server.live_reads -= 1
             return
         route, args = self._route(req)
         who = await self._principal(req, body, trusted_peer)

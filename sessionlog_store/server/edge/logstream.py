@@ -64,6 +64,7 @@ class LogTaps:
     def __init__(self, es: EventLog) -> None:
         self.es = es
         self.taps: dict[str, set[Tap]] = {}
+        self.stopping = False  # (a stop: every live reader ends; it resumes from its offset)
         es.listeners.append(self._on_record)
         es.reset_listeners.append(self._on_reset)
 
@@ -76,8 +77,17 @@ class LogTaps:
             tap.void = True
             tap.changed.set()
 
+    def wake_all(self) -> None:
+        """A stop: every live reader ends its answer."""
+        self.stopping = True
+        for taps in self.taps.values():
+            for tap in taps:
+                tap.void = True
+                tap.changed.set()
+
     def open(self, sid: str) -> Tap:
         tap = Tap()
+        tap.void = self.stopping
         self.taps.setdefault(sid, set()).add(tap)
         return tap
 

@@ -38,6 +38,7 @@ class MetricsHost(Protocol):
     store: SessionStore
     quotas: Quotas
     dropped: int
+    live_reads: int
 
     @property
     def connections(self) -> Collection[Any]: ...
@@ -86,6 +87,8 @@ class ServerMetrics(Collector):
         yield _gauge("sessionlog_inflight_messages", "Messages being produced here", len(store.saver.active))
         yield _gauge("sessionlog_subscribers", "Message subscriptions", store.hub.count())
         yield _gauge("sessionlog_connections", "Open WebSocket connections", len(server.connections))
+        yield _gauge("sessionlog_stream_reads", "Stream requests (/v1/stream/) being answered: SSE, long-polls, "
+                     "reads and appends", server.live_reads)
         yield _gauge("sessionlog_send_queue_frames", "Frames queued to clients, all connections",
                      sum(c.unsent for c in server.connections))
         refusals = CounterMetricFamily("sessionlog_refusals", "Requests refused: credentials and per-user limits",

@@ -73,8 +73,9 @@ class Namespace:
     """The generic namespace of one server."""
 
     def __init__(self, space: StreamSpace, root_path: str = "", public_url: str | None = None,
-                 long_poll: float = LONG_POLL_SECONDS) -> None:
+                 long_poll: float = LONG_POLL_SECONDS, stopping: trio.Event | None = None) -> None:
         self.space = space
+        self.stopping = stopping if stopping is not None else trio.Event()  # (set: live reads end their answers)
         self.root_path = root_path
         self.public_url = public_url
         self.long_poll = long_poll
@@ -249,7 +250,7 @@ class Namespace:
         with trio.move_on_after(self.long_poll):
             while True:
                 i, j = st.span(start, CHUNK)
-                if i < j or st.ended or self.space.gone(st):
+                if i < j or st.ended or self.space.gone(st) or self.stopping.is_set():
                     return i, j
                 await self.space.changed(st).wait()
         return st.span(start, CHUNK)
@@ -285,7 +286,7 @@ class Namespace:
                 first = False
                 if out:
                     await ex.send("".join(out).encode("utf-8"))
-                if (up and st.ended) or self.space.gone(st):
+                if (up and st.ended) or self.space.gone(st) or self.stopping.is_set():
                     break
                 if up:
                     with trio.move_on_after(HEARTBEAT_SECONDS) as idle:

@@ -62,6 +62,8 @@ class Server:
         self.quotas = Quotas(config.limits or (Limits() if config.auth.mode == "token" else MULTI_USER))
         self.connections: set[Connection] = set()
         self.dropped = 0  # connections dropped for not taking their frames
+        self.stopping = trio.Event()  # set as a stop begins: live stream reads end their answers
+        self.live_reads = 0           # stream reads (/v1/stream/) being answered now
         self._shared: tuple[MsgUpdate | None, str] = (None, "")
         self._agents: trio.Nursery | None = None
         store.scoped_watchers.append(self._on_store_change)
@@ -70,7 +72,8 @@ class Server:
         self.producers = Producers(store, self.quotas, config.producer_timeout)
         self.producer_timeout = config.producer_timeout
         self.log_taps = LogTaps(store.es)
-        self.namespace = Namespace(streams, config.root_path, config.public_url) if streams is not None else None
+        self.namespace = (Namespace(streams, config.root_path, config.public_url, stopping=self.stopping)
+                          if streams is not None else None)
         self.api = Api(self)
 
     # -- security --------------------------------------------------------------
@@ -406,6 +409,10 @@ class Server:
         `timeout` in all; the close handshakes up to `timeout` more."""
         store = self.store
         store.shutting_down = True
+        self.stopping.set()  # a live read (long-poll, SSE) answers what it has and ends
+        if self.namespace is not None:
+            self.namespace.space.wake_all()
+        self.log_taps.wake_all()
         await store.abort_running("server shutdown")
         deadline = trio.current_time() + timeout
         with trio.move_on_at(deadline):
@@ -421,6 +428,9 @@ class Server:
             while store.publishing:
                 await trio.sleep(0.005)
         store.hub.end(None, "server shutdown")
+        with trio.move_on_at(deadline):  # (their answers' ends: a reader resumes from its offset)
+            while self.live_reads:
+                await trio.sleep(0.005)
         async with trio.open_nursery() as n:
             for c in list(self.connections):
                 n.start_soon(self._close, c, deadline, timeout)
