@@ -163,3 +163,36 @@ async def test_bad_users_a_locked_store_and_a_damaged_log_are_one_line_each(root
     assert f"session {damaged} not transferred" in r.stderr and "1 session and 1 project" in r.stdout
     async with open_session_store(root) as store:
         assert store.get_meta(made["alice"][0]).owner == "bob" and store.get_meta(damaged).owner == "alice"
+
+
+async def test_a_users_streams_are_listed_exported_and_deleted_with_them(root, tmp_path):
+    """The generic namespace's streams (docs/HTTP.md) are a user's data too:
+    `users list` counts them, `export` carries their logs, `delete` removes
+    them (a fork and its source both), and another user's stay."""
+    from sessionlog_store.server.local.streamspace import open_stream_space
+    made = await populate(root, tmp_path)
+    async with open_stream_space(root) as space:
+        kw = dict(content_type="text/plain", ttl=None, expires_at=None, closed=False)
+        await space.create("alice", "notes", data=b"alice's notes", **kw)
+        await space.create("alice", "notes-fork", data=b"", forked_from="notes", **kw)
+        await space.create("bob", "notes", data=b"bob's notes", **kw)
+        alice_logs = {st.log_id for st in space.logs.values() if st.owner == "alice"}
+    listed = lines_of(run_cli("users", "list", "--root", root).stdout)
+    assert listed['"alice"'].endswith("\t2 streams") and listed['"bob"'].endswith("\t1 stream")
+    out = tmp_path / "alice.tar"
+    r = run_cli("users", "export", "alice", "--root", root, "--out", str(out))
+    assert r.returncode == 0 and "2 sessions, 1 project and 2 streams" in r.stderr, r.stderr
+    with tarfile.open(out) as t:
+        names = set(t.getnames())
+        manifest = json.load(t.extractfile("manifest.json"))  # type: ignore[arg-type]
+        logs = {n: t.extractfile(n).read() for n in names if n.startswith("streams/")}  # type: ignore[union-attr]
+    assert {f"streams/sessions/{i}/log.jsonl" for i in alice_logs} == set(logs)
+    assert sorted(s["name"] for s in manifest["streams"]) == ["notes", "notes-fork"]
+    assert any(b"YWxpY2UncyBub3Rlcw==" in data for data in logs.values()), "the data, as logged (base64)"
+    r = run_cli("users", "delete", "alice", "--root", root)
+    assert r.returncode == 0 and "deleted 2 sessions, 1 project and 2 streams" in r.stdout, r.stdout + r.stderr
+    streams_dir = Path(root) / "streams" / "sessions"
+    assert not alice_logs & {p.name for p in streams_dir.iterdir()}, "alice's stream logs are gone"
+    async with open_stream_space(root) as space:
+        assert sorted((st.owner, st.name) for st in space.logs.values()) == [("bob", "notes")]
+    assert set(read_logs(root)) == {*made["bob"], *made[""]}

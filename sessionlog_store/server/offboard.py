@@ -1,6 +1,8 @@
-"""`sessionlog users`: one user's sessions and projects, for an operator
-offboarding them (docs/SECURITY.md, "Offboarding a user"): list the owners,
-export one user's logs, delete them, or give them to another user.
+"""`sessionlog users`: one user's sessions, projects and streams (the
+generic namespace's, `<root>/streams/`), for an operator offboarding them
+(docs/SECURITY.md, "Offboarding a user"): list the owners, export one
+user's logs, delete them, or give the sessions and projects to another
+user (streams are not given: export or delete them).
 
 Each command opens the store as a start does: its lock is held (the server
 must be stopped), the journal a crash left is applied, a dead server's
@@ -37,6 +39,9 @@ from sessionlog_store.server.domain.projects import Project
 from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.stores import open_session_store
+from sessionlog_store.server.domain.streamspace import StreamSpace
+from sessionlog_store.server.local.streamspace import open_stream_space, stream_log_bytes
+from sessionlog_store.projections.dstream import StreamState
 from sessionlog_store.server.edge.auth import user_id
 
 # Exit codes (the README's table): as every command's.
@@ -78,12 +83,21 @@ def _same(owner: str, user: str) -> bool:
 
 @dataclass
 class Holdings:
-    """What one user owns: its sessions (oldest first) and projects, and which
-    of its sessions are damaged (read-only: `sessionlog repair` first)."""
+    """What one user owns: its sessions (oldest first), projects and generic
+    streams, and which of its sessions are damaged (read-only: `sessionlog
+    repair` first)."""
     user: str
     sessions: list[SessionMeta]
     projects: list[Project]
     damaged: dict[str, str] = field(default_factory=dict)  # session id -> what is wrong
+    streams: list[StreamState] = field(default_factory=list)
+
+
+@dataclass
+class Opened:
+    """A data root opened for offboarding: its sessions' store and its streams."""
+    store: SessionStore
+    space: StreamSpace
 
 
 def _unknown_owner(store: SessionStore, sid: str) -> bool:
@@ -92,7 +106,8 @@ def _unknown_owner(store: SessionStore, sid: str) -> bool:
     return corrupt is not None and corrupt.line_no == 1
 
 
-def holdings(store: SessionStore, user: str) -> Holdings:
+def holdings(opened: Opened, user: str) -> Holdings:
+    store = opened.store
     sessions = sorted((m for sid, m in store.registry.rows.items()
                        if _same(m.owner, user) and not _unknown_owner(store, sid)), key=lambda m: m.created_at)
     damaged = {}
@@ -101,21 +116,23 @@ def holdings(store: SessionStore, user: str) -> Holdings:
         if corrupt is not None:
             damaged[m.id] = f"line {corrupt.line_no}: {corrupt.reason}"
     projects = [p for p in store.projects.owned() if _same(p.owner, user)]
-    h = Holdings(user, sessions, projects, damaged)
-    if not sessions and not projects:
-        raise NothingOwned(f"user {user!r} owns no session and no project in this store "
+    streams = sorted((st for st in opened.space.logs.values() if _same(st.owner, user)), key=lambda s: s.created_at)
+    h = Holdings(user, sessions, projects, damaged, streams)
+    if not sessions and not projects and not streams:
+        raise NothingOwned(f"user {user!r} owns no session, project or stream in this store "
                            "(`sessionlog users list` names the owners)")
     return h
 
 
 @asynccontextmanager
-async def open_store(root: str) -> AsyncIterator[SessionStore]:
+async def open_store(root: str) -> AsyncIterator[Opened]:
     """The store opened as a start opens it, the retention rules off, and every
     log checked whole (what a start's checkpoint let it skip too): a damaged
-    session is known before anything is done to it."""
-    async with open_session_store(root, config=StoreConfig(maintenance=_NO_RETENTION)) as store:
+    session is known before anything is done to it; and the root's streams."""
+    async with open_session_store(root, config=StoreConfig(maintenance=_NO_RETENTION)) as store, \
+            open_stream_space(root) as space:
         await store.check_logs()
-        yield store
+        yield Opened(store, space)
 
 
 # -- the commands (each an async function of an open store) --------------------
@@ -127,11 +144,13 @@ class OwnerLine:
     archived: int = 0
     projects: int = 0
     last_updated: float = 0.0
+    streams: int = 0
 
 
-def owners(store: SessionStore) -> tuple[list[OwnerLine], list[str]]:
-    """Every owner of a session or a project, by name; and the sessions whose
-    owner cannot be read (damaged in line 1)."""
+def owners(opened: Opened) -> tuple[list[OwnerLine], list[str]]:
+    """Every owner of a session, a project or a stream, by name; and the
+    sessions whose owner cannot be read (damaged in line 1)."""
+    store = opened.store
     lines: dict[str, OwnerLine] = {}
     unknown = []
     for sid, m in store.registry.rows.items():
@@ -144,19 +163,26 @@ def owners(store: SessionStore) -> tuple[list[OwnerLine], list[str]]:
         line.last_updated = max(line.last_updated, m.updated_at)
     for p in store.projects.owned():
         lines.setdefault(p.owner, OwnerLine(p.owner)).projects += 1
+    for st in opened.space.logs.values():
+        lines.setdefault(st.owner, OwnerLine(st.owner)).streams += 1
     return sorted(lines.values(), key=lambda x: x.owner), sorted(unknown)
 
 
-async def export(store: SessionStore, user: str, out: IO[bytes]) -> Holdings:
+async def export(opened: Opened, user: str, out: IO[bytes]) -> Holdings:
     """A tar of the user's session logs, byte for byte, in a data root's
-    layout (`sessions/<id>/log.jsonl`), and `manifest.json`: the user, when,
-    each session's id, title, times and damage, and the user's projects."""
-    h = holdings(store, user)
+    layout (`sessions/<id>/log.jsonl`), its streams' logs likewise
+    (`streams/sessions/<log id>/log.jsonl`), and `manifest.json`: the user,
+    when, each session's id, title, times and damage, the user's projects
+    and streams."""
+    store = opened.store
+    h = holdings(opened, user)
     manifest = {
         "user": user, "exported_at": time.time(),
         "sessions": [{"id": m.id, "title": m.title, "created_at": m.created_at, "updated_at": m.updated_at,
                       "archived": m.archived, "damaged": h.damaged.get(m.id)} for m in h.sessions],
         "projects": [{"id": p.id, "name": p.name, "path": p.path} for p in h.projects],
+        "streams": [{"name": st.name, "log": st.log_id, "content_type": st.content_type, "bytes": st.own_bytes,
+                     "closed": st.closed, "deleted": st.soft_deleted} for st in h.streams],
     }
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         # (the tar's writes go to a file or a pipe: in a worker thread, as the reads)
@@ -165,6 +191,9 @@ async def export(store: SessionStore, user: str, out: IO[bytes]) -> Holdings:
         for m in h.sessions:  # (each log as the store holds it: acknowledged records included)
             data = await store.log_bytes(m.id)
             await trio.to_thread.run_sync(_add, tar, f"sessions/{m.id}/log.jsonl", data)
+        for st in h.streams:
+            data = await stream_log_bytes(opened.space, st.log_id)
+            await trio.to_thread.run_sync(_add, tar, f"streams/sessions/{st.log_id}/log.jsonl", data)
     return h
 
 
@@ -178,14 +207,17 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 class Outcome:
     sessions: list[str] = field(default_factory=list)   # changed (or, dry run, that would be)
     projects: list[str] = field(default_factory=list)
+    streams: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)   # not changed, and why
     notes: list[str] = field(default_factory=list)
 
 
-async def delete(store: SessionStore, user: str, *, dry_run: bool = False) -> Outcome:
+async def delete(opened: Opened, user: str, *, dry_run: bool = False) -> Outcome:
     """Delete every session of the user (a durable tombstone each, then its
-    folder), then its projects (an appended `project_deleted` each)."""
-    h, out = holdings(store, user), Outcome()
+    folder), then its projects (an appended `project_deleted` each), then
+    its streams (forks first: each a tombstone, then its log)."""
+    store = opened.store
+    h, out = holdings(opened, user), Outcome()
     for m in h.sessions:
         if dry_run or await store.delete_session(m.id):
             out.sessions.append(m.id)
@@ -196,17 +228,26 @@ async def delete(store: SessionStore, user: str, *, dry_run: bool = False) -> Ou
     if h.projects:
         out.notes.append("the project log is append-only: the deleted projects' names and folders stay in "
                          "its earlier records")
+    if dry_run:
+        out.streams = [st.name for st in h.streams if not st.soft_deleted]
+    else:
+        out.streams, problems = await opened.space.remove_owner(user, same=_same)
+        out.problems += problems
     return out
 
 
-async def transfer(store: SessionStore, user: str, to: str, *, dry_run: bool = False) -> Outcome:
+async def transfer(opened: Opened, user: str, to: str, *, dry_run: bool = False) -> Outcome:
     """Give every session and project of `user` to `to`: an appended
     `owner_changed` record per session (durable before the next), a
     `project_owner_changed` per project. A damaged session takes no record:
     it is named, and stays `user`'s until `sessionlog repair`."""
     if _same(to, user) or _same(user, to):
         raise UsageError(f"--to names the same user as USER ({user!r})")
-    h, out = holdings(store, user), Outcome()
+    store = opened.store
+    h, out = holdings(opened, user), Outcome()
+    if h.streams:
+        out.notes.append(f"{_plural(len(h.streams), 'stream')} of {user!r} not transferred (a stream's owner is "
+                         "its name's scope): export or delete them")
     for m in h.sessions:
         if m.id in h.damaged:
             out.problems.append(f"session {m.id} not transferred: its log is damaged ({h.damaged[m.id]}); "
@@ -280,20 +321,21 @@ def _run_trio(fn: Callable[..., Awaitable[T]], *args: object) -> T:
 
 
 async def _list(root: str) -> int:
-    async with open_store(root) as store:
-        lines, unknown = owners(store)
+    async with open_store(root) as opened:
+        lines, unknown = owners(opened)
     for line in lines:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(line.last_updated)) if line.sessions else "-"
         print(f"{json.dumps(line.owner, ensure_ascii=False)}\t{_plural(line.sessions, 'session')}"
-              f" ({line.archived} archived)\t{_plural(line.projects, 'project')}\tlast updated {when}")
+              f" ({line.archived} archived)\t{_plural(line.projects, 'project')}\tlast updated {when}"
+              + (f"\t{_plural(line.streams, 'stream')}" if line.streams else ""))
     for sid in unknown:
         print(f"(unknown owner)\tsession {sid}: its first line is damaged (`sessionlog repair {sid}`)")
     return EXIT_OK
 
 
-async def _change(root: str, change: Callable[[SessionStore], Awaitable[Outcome]]) -> Outcome:
-    async with open_store(root) as store:
-        return await change(store)
+async def _change(root: str, change: Callable[[Opened], Awaitable[Outcome]]) -> Outcome:
+    async with open_store(root) as opened:
+        return await change(opened)
 
 
 def _export(root: str, user: str, path: str | None) -> int:
@@ -318,14 +360,15 @@ def _export(root: str, user: str, path: str | None) -> int:
                 os.unlink(part)
     for sid, why in h.damaged.items():
         print(f"  session {sid}: its log is damaged ({why}); exported as it is", file=sys.stderr)
-    print(f"exported {_plural(len(h.sessions), 'session')} and {_plural(len(h.projects), 'project')} of user "
-          f"{user!r} to {path or 'stdout'}", file=sys.stderr)
+    what = _count(Outcome(sessions=[m.id for m in h.sessions], projects=[p.id for p in h.projects],
+                          streams=[st.name for st in h.streams]))
+    print(f"exported {what} of user {user!r} to {path or 'stdout'}", file=sys.stderr)
     return EXIT_OK
 
 
 async def _export_to(root: str, user: str, out: IO[bytes]) -> Holdings:
-    async with open_store(root) as store:
-        return await export(store, user, out)
+    async with open_store(root) as opened:
+        return await export(opened, user, out)
 
 
 def _report(out: Outcome, summary: str) -> int:
@@ -336,7 +379,9 @@ def _report(out: Outcome, summary: str) -> int:
 
 
 def _count(out: Outcome) -> str:
-    return f"{_plural(len(out.sessions), 'session')} and {_plural(len(out.projects), 'project')}"
+    streams = f" and {_plural(len(out.streams), 'stream')}" if out.streams else ""
+    return f"{_plural(len(out.sessions), 'session')}{',' if streams else ' and'} " \
+           f"{_plural(len(out.projects), 'project')}{streams}"
 
 
 def _plural(n: int, noun: str) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final, NamedTuple
 
@@ -444,6 +444,28 @@ class StreamSpace:
                 await self._remove_doomed()
             with trio.move_on_after(SWEEP_SECONDS):
                 await self._wake.wait()
+
+    async def remove_owner(self, owner: str, *, same: Callable[[str, str], bool]) -> tuple[list[str], list[str]]:
+        """Delete every stream of an owner (offboarding): forks before their
+        sources, so each goes whole. Returns the names deleted and what
+        could not be (damaged logs)."""
+        done: list[str] = []
+        problems: list[str] = []
+        while True:
+            mine = [st for st in self.streams.values() if same(st.owner, owner) and not st.soft_deleted
+                    and st.refcount == 0 and st.log_id not in self.damaged]
+            if not mine:
+                break
+            for st in mine:
+                await self.delete(st.owner, st.name)
+                done.append(st.name)
+        for st in list(self.logs.values()):
+            if same(st.owner, owner) and st.log_id in self.damaged:
+                problems.append(f"stream {st.name!r} not deleted: its log is damaged ({self.damaged[st.log_id]}); "
+                                f"`sessionlog repair --root <data root>/streams {st.log_id}`, then delete again")
+            elif same(st.owner, owner) and not st.soft_deleted:
+                problems.append(f"stream {st.name!r} not deleted: a fork of it is another's")
+        return done, problems
 
     def names(self, owner: str) -> Sequence[str]:
         return sorted(n for (o, n) in self.streams if o == owner)

@@ -51,6 +51,16 @@ def read_stream_logs(es: EventStore, fs: FileOps, root: str
     return logs, tombstoned, damaged
 
 
+async def stream_log_bytes(space: StreamSpace, log_id: str) -> bytes:
+    """A stream's log as it stands (what only the journal holds included)."""
+    es = space.es
+    assert isinstance(es, EventStore)
+    await es.flush()
+    data = await trio.to_thread.run_sync(read_log, es.fs, es.root, log_id)
+    extra = es.unwritten(log_id)
+    return data[:es.durable_end(log_id)] + extra if extra else data
+
+
 @asynccontextmanager
 async def open_stream_space(data_root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
                             journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> AsyncIterator[StreamSpace]:
