@@ -18,6 +18,7 @@ from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.projections.dstream import Refused
 from sessionlog_store.server.local.streamspace import open_stream_space
 
+from .conftest import run_cli
 from .test_stream_space import call, serve
 
 
@@ -48,9 +49,14 @@ def test_a_damaged_stream_log_is_read_only_and_the_server_stays_up(tmp_path):
     hurt = next(iter(before))
     fine_and_lost = sorted(set(ids) - before)
     s.stop()
+    clean = run_cli("verify", "--root", str(tmp_path / "data"))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
     damage(ids[hurt], 2)
     first_damaged = max(fine_and_lost, key=lambda i: b'"lost"' in ids[i].read_bytes())
     damage(ids[first_damaged], 1)
+    found = run_cli("verify", "--root", str(tmp_path / "data"))
+    assert found.returncode == 1 and f"streams/{hurt}" in found.stdout and "sessionlog repair --root" in found.stdout
+    assert f"streams/{first_damaged}" in found.stdout
     s = serve(tmp_path, port=p)
     try:
         status, _, body = call(p, "GET", "/v1/stream/hurt")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sessionlog_store.eventstore.errors import EventStoreError, UnknownSession
-from sessionlog_store.eventstore.events import SessionCreated
+from sessionlog_store.eventstore.events import SessionCreated, StreamOpened
 from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.eventstore.local.journal import list_segments
 from sessionlog_store.eventstore.ids import validate_session_id
@@ -103,6 +103,7 @@ def verify(fs: FileOps, root: str, progress: Progress | None = None) -> tuple[in
                                 "may be missing from the logs below until a start or `sessionlog rebuild` "
                                 "writes them back"))
     problems += verify_projects(fs, root)
+    problems += verify_streams(fs, root)
     enc = msgspec.json.Encoder()
     for i, sid in enumerate(ids):
         data = read_log(fs, root, sid)
@@ -227,6 +228,37 @@ def _cut_log(fs: FileOps, path: str, label: str, caches: list[str], allow_empty:
         fs.close(fd)
     return (f"{label}: cut {len(data) - s.good_end} bytes {where}; kept {len(s.records)} good records; "
             f"removed bytes saved to {copy}")
+
+
+STREAMS_DIR = "streams"  # (the generic namespace's own data root: server/local/streamspace.py)
+
+
+def verify_streams(fs: FileOps, root: str) -> list[Problem]:
+    """The damage of the apps' streams (`<root>/streams/`, a data root of its
+    own), as verify reports it: each log's checksums, order and tail."""
+    sroot = os.path.join(root, STREAMS_DIR)
+    if not fs.exists(os.path.join(sroot, "sessions")):
+        return []
+    out = []
+    segs, _ = list_segments(fs, sroot)
+    if segs:
+        out.append(Problem("streams/journal", None, f"{len(segs)} journal segment(s) of the streams: a server is "
+                           "running on this store, or one stopped without finishing; the next start writes them "
+                           "back"))
+    ids, _ = session_folders(fs, sroot)
+    for log_id in ids:
+        s = scan(log_id, read_log(fs, sroot, log_id), expect_seq=1)
+        name = f"streams/{log_id}"
+        if s.corrupt is not None:
+            out.append(Problem(name, s.corrupt.line_no, f"corrupt record in a stream's log: {s.corrupt.reason} "
+                                                       f"(`sessionlog repair --root {sroot} {log_id}`)"))
+        elif not s.records or type(s.records[0].event) is not StreamOpened:
+            out.append(Problem(name, 1, "a stream's log that does not start with ds_opened (the next start "
+                                        "removes it)"))
+        if s.torn_bytes:
+            out.append(Problem(name, len(s.records) + 1, f"torn tail of {s.torn_bytes} bytes in a stream's log "
+                                                         "(the next start cuts it)"))
+    return out
 
 
 def verify_projects(fs: FileOps, root: str) -> list[Problem]:
