@@ -113,7 +113,7 @@ async def test_a_retry_is_not_acknowledged_before_what_it_repeats_is_durable(tmp
 
 async def test_a_refused_append_changes_nothing_and_an_owner_has_a_quota(tmp_path):
     async with open_stream_space(str(tmp_path)) as space:
-        space.max_owner_bytes = 10
+        space.max_owner_bytes = 5 + 5 + 2 * 64  # (two appends of 5 bytes: each unit also costs 64)
         st, _ = await space.create("u", "s", content_type="text/plain", ttl=None, expires_at=None, closed=False,
                                    data=b"12345")
         try:
@@ -127,8 +127,18 @@ async def test_a_refused_append_changes_nothing_and_an_owner_has_a_quota(tmp_pat
                                  stream_seq=None)
         assert got.status == 200  # (seq 0 is still the next)
         other, _ = await space.create("v", "s", content_type="text/plain", ttl=None, expires_at=None, closed=False,
-                                      data=b"0123456789")
-        assert other.tail == 11, "another owner has a quota of its own"
+                                      data=b"01234")
+        assert other.tail == 6, "another owner has a quota of its own"
+        # a fork's share of its source counts; a deleted source under forks still counts
+        space.max_owner_bytes = 10_000
+        await space.create("u", "f", content_type="text/plain", ttl=None, expires_at=None, closed=False, data=b"",
+                           forked_from="s")
+        held = space._bytes["u"]
+        assert held == 2 * (10 + 2 * 64)
+        await space.delete("u", "s")
+        assert space._bytes["u"] == held, "soft-deleted: its bytes are still held"
+        await space.delete("u", "f")
+        assert space._bytes["u"] == 0 and space.streams == {("v", "s"): other}
 
 
 async def test_json_appends_are_kept_as_written(tmp_path):
@@ -192,3 +202,92 @@ async def test_a_long_poll_on_a_stream_deleted_under_it_is_told_so(tmp_path):
             raise AssertionError("deleted")
         except Refused as e:
             assert e.status == 404
+
+
+# -- a second review's findings ------------------------------------------------
+
+async def test_a_long_fork_chain_is_deleted_and_reloaded_without_recursion(tmp_path):
+    n = 1100  # (past Python's default recursion limit of 1,000)
+    kw = dict(content_type="text/plain", ttl=None, expires_at=None, closed=False)
+    async with open_stream_space(str(tmp_path)) as space:
+        await space.create("", "s0", data=b"root", **kw)
+        for i in range(1, n):
+            await space.create("", f"s{i}", data=b"", forked_from=f"s{i - 1}", **kw)
+        for i in range(n - 1):
+            await space.delete("", f"s{i}")  # each soft-deleted: a fork reads from it
+        assert space.find("", f"s{n - 1}").body(space.find("", f"s{n - 1}").units) == b"root"
+    async with open_stream_space(str(tmp_path)) as space:  # a start folds the chain
+        last = space.find("", f"s{n - 1}")
+        assert last.body(last.units) == b"root"
+        await space.delete("", f"s{n - 1}")  # the last fork: the whole chain goes
+        assert not space.logs and not space.streams
+    assert not list((tmp_path / "streams" / "sessions").iterdir())
+
+
+def test_a_damaged_source_makes_its_forks_read_only_never_removed(tmp_path):
+    s = serve(tmp_path)
+    p = s.port
+    text = {"Content-Type": "text/plain"}
+    assert call(p, "PUT", "/v1/stream/src", b"aaa", text)[0] == 201
+    assert call(p, "POST", "/v1/stream/src", b"bbb", text)[0] == 204
+    assert call(p, "PUT", "/v1/stream/fork", b"", {"Stream-Forked-From": "/v1/stream/src"})[0] == 201
+    assert call(p, "POST", "/v1/stream/fork", b"ddd", text)[0] == 204
+    logs = logs_of(tmp_path)
+    src = next(i for i, log in logs.items() if b'"name":"src"' in log.read_bytes())
+    fork = next(i for i in logs if i != src)
+    s.stop()
+    damage(logs[src], 2)  # (the source's first append: a good record follows it)
+    s = serve(tmp_path, port=p)
+    try:
+        for name in ("src", "fork"):
+            status, _, body = call(p, "GET", f"/v1/stream/{name}")
+            assert status == 409 and json.loads(body)["error"]["code"] == "read_only", name
+    finally:
+        s.stop()
+    damage(logs[src], 1)  # (now its first line too: the source cannot be loaded at all)
+    s = serve(tmp_path, port=p)
+    try:
+        assert call(p, "GET", "/v1/stream/fork")[0] == 409
+        assert logs[fork].exists(), "the fork's log is kept for a repair of its source"
+    finally:
+        s.stop()
+
+
+async def test_a_refusal_for_a_close_is_said_once_the_close_is_durable(tmp_path):
+    fs = GateFS()
+    async with open_stream_space(str(tmp_path), fs=fs) as space:
+        st, _ = await space.create("", "s", content_type="text/plain", ttl=None, expires_at=None, closed=False,
+                                   data=b"x")
+        told: list[int] = []
+
+        async def close() -> None:
+            told.append((await space.append(st, b"", content_type=None, close=True, producer=None,
+                                            stream_seq=None)).status)
+
+        async def late() -> None:
+            try:
+                await space.append(st, b"y", content_type="text/plain", close=False, producer=None, stream_seq=None)
+            except Refused as e:
+                told.append(e.status)
+        fs.gate.clear()
+        async with trio.open_nursery() as n:
+            n.start_soon(close)
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(late)
+            await trio.testing.wait_all_tasks_blocked()
+            assert told == [], "the refusal waits for the close it refuses for"
+            fs.gate.set()
+        assert sorted(told) == [204, 409]
+
+
+async def test_json_that_is_not_utf8_is_refused(tmp_path):
+    async with open_stream_space(str(tmp_path)) as space:
+        st, _ = await space.create("", "j", content_type="application/json", ttl=None, expires_at=None,
+                                   closed=False, data=b"")
+        try:
+            await space.append(st, b'{"name":"\xff\xfe"}', content_type="application/json", close=False,
+                               producer=None, stream_seq=None)
+            raise AssertionError("not UTF-8")
+        except Refused as e:
+            assert (e.status, e.code) == (400, "bad_json")
+        assert st.units == []

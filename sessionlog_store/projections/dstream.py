@@ -27,6 +27,9 @@ ZERO: Final = "0000000000000000_0000000000000000"
 _OFFSET: Final = re.compile(r"^(\d{1,16})_(\d{1,16})$")
 _INT: Final = re.compile(r"^(0|[1-9]\d{0,15})$")
 MAX_SAFE: Final = 2 ** 53 - 1
+# What a unit costs in memory beyond its bytes (its list entries, its end):
+# the quota counts it, so many tiny appends or forks of them are not free.
+UNIT_COST: Final = 64
 JSON: Final = "application/json"
 _RAWS: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _RAW: Final = msgspec.json.Decoder(msgspec.Raw)
@@ -79,6 +82,10 @@ def json_unit(body: bytes, *, create: bool = False) -> bytes:
     level) joined by commas. An empty array is refused, except at creation
     (where it creates an empty stream: b"")."""
     try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused(400, "bad_json", "the body is not UTF-8 (JSON text is)") from None
+    try:
         value = bytes(_RAW.decode(body))  # (checked, and kept as it was written)
         if not value.startswith(b"["):
             return value
@@ -128,7 +135,8 @@ class StreamState:
     stream_seq: str | None = None
     soft_deleted: bool = False
     refcount: int = 0          # forks reading from it
-    own_bytes: int = 0         # what its own appends hold (its owner's quota counts them)
+    own_bytes: int = 0         # what its own appends hold
+    cost: int = 0              # what it holds in memory, its share of its source's included (the quota's measure)
 
     @classmethod
     def opened(cls, log_id: str, ev: StreamOpened) -> StreamState:
@@ -155,12 +163,14 @@ class StreamState:
         self.units[:0] = source.units[:n]
         self.ends[:0] = source.ends[:n]
         self.durable += n
+        self.cost += sum(len(u) for u in self.units[:n]) + UNIT_COST * n
 
     def add(self, data: bytes) -> None:
         if data:
             self.units.append(data)
             self.ends.append(self.tail + len(data) + 1)
             self.own_bytes += len(data)
+            self.cost += len(data) + UNIT_COST
 
     def apply(self, rec: Record) -> None:
         """Fold one of the stream's records (after the first, StreamOpened)."""

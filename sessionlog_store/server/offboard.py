@@ -323,6 +323,7 @@ def _run_trio(fn: Callable[..., Awaitable[T]], *args: object) -> T:
 async def _list(root: str) -> int:
     async with open_store(root) as opened:
         lines, unknown = owners(opened)
+        unreadable = dict(opened.space.unreadable)
     for line in lines:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(line.last_updated)) if line.sessions else "-"
         print(f"{json.dumps(line.owner, ensure_ascii=False)}\t{_plural(line.sessions, 'session')}"
@@ -330,6 +331,9 @@ async def _list(root: str) -> int:
               + (f"\t{_plural(line.streams, 'stream')}" if line.streams else ""))
     for sid in unknown:
         print(f"(unknown owner)\tsession {sid}: its first line is damaged (`sessionlog repair {sid}`)")
+    for log_id in unreadable:
+        print(f"(unknown owner)\tstream log {log_id}: its first line is damaged "
+              f"(`sessionlog repair --root {os.path.join(root, 'streams')} {log_id}`)")
     return EXIT_OK
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final, NamedTuple
@@ -42,8 +43,8 @@ from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.events import SessionDeleted, StreamAppended, StreamOpened, StreamSoftDeleted
 from sessionlog_store.eventstore.ids import new_session_id
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.projections.dstream import (Refused, StreamState, encode_offset, is_json, json_unit,
-                                                  media_type)
+from sessionlog_store.projections.dstream import (UNIT_COST, Refused, StreamState, encode_offset, is_json,
+                                                  json_unit, media_type)
 
 log = logging.getLogger("sessionlog.streams")
 
@@ -82,6 +83,7 @@ class StreamSpace:
         self.streams: dict[tuple[str, str], StreamState] = {}   # (owner, name): live and soft-deleted
         self.logs: dict[str, StreamState] = {}                  # log id: live and soft-deleted
         self.damaged: dict[str, str] = {}                       # log id: what is wrong (read-only)
+        self.unreadable: dict[str, str] = {}                    # damaged before their first record: not loaded
         self.max_owner_bytes, self.max_owner_streams = max_owner_bytes, max_owner_streams
         self._bytes: dict[str, int] = {}   # owner: its streams' own bytes
         self._count: dict[str, int] = {}   # owner: its streams
@@ -109,6 +111,7 @@ class StreamSpace:
                 if log_id in damaged:
                     log.error("stream log %s is damaged before its first record (%s): not loaded; "
                               "`sessionlog repair --root <data root>/streams %s`", log_id, damaged[log_id], log_id)
+                    self.unreadable[log_id] = damaged[log_id]
                     continue
                 log.warning("stream log %s does not start with its creation: removed", log_id)
                 self._doomed.add(log_id)
@@ -121,23 +124,24 @@ class StreamSpace:
             st.durable, st.ended = len(st.units), st.closed
             states[log_id] = st
         done: set[str] = set()
-
-        def resolve(st: StreamState, seen: frozenset[str]) -> bool:
-            if st.log_id in done:
-                return True
+        # A source is created before its forks: in creation order each fork
+        # finds its source resolved (no recursion: a chain may be long).
+        for st in sorted(states.values(), key=lambda s: s.created_at):
+            src = states.get(st.forked_from) if st.forked_from is not None else None
             if st.forked_from is not None:
-                src = states.get(st.forked_from)
-                if src is None or st.forked_from in seen or not resolve(src, seen | {st.log_id}):
-                    return False
+                if st.forked_from in self.unreadable or st.forked_from in self.damaged:
+                    self.damaged[st.log_id] = f"its fork source's log {st.forked_from} is damaged"
+                if src is None or st.forked_from not in done:
+                    if st.log_id in self.damaged:  # (kept for a repair of its source, read-only meanwhile)
+                        self.logs[st.log_id] = st
+                        self.streams.setdefault((st.owner, st.name), st)
+                        continue
+                    log.warning("stream %r: its fork source is gone: removed", st.name)
+                    self._doomed.add(st.log_id)
+                    continue
                 st.inherit(src)
                 src.refcount += 1
             done.add(st.log_id)
-            return True
-        for st in sorted(states.values(), key=lambda s: s.created_at):
-            if not resolve(st, frozenset()):
-                log.warning("stream %r: its fork source is gone: removed", st.name)
-                self._doomed.add(st.log_id)
-                continue
             key = (st.owner, st.name)
             old = self.streams.get(key)
             if old is not None and not old.soft_deleted:  # the newer one is the stream
@@ -150,16 +154,18 @@ class StreamSpace:
         for st in list(self.logs.values()):
             if st.log_id in self._doomed:
                 self.logs.pop(st.log_id, None)
-            elif st.soft_deleted and st.refcount == 0:
+                continue
+            self._counted(st, +1)
+            if st.soft_deleted and st.refcount == 0:
                 self._forget(st)
-            elif not st.soft_deleted:
-                self._counted(st, +1)
         for st in list(self.streams.values()):
             self._expired(st)  # (one past its Stream-Expires-At goes now)
         return sorted(self._doomed)
 
     def _counted(self, st: StreamState, sign: int) -> None:
-        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + sign * st.own_bytes
+        """A stream counts against its owner's quota from its creation until
+        it is forgotten (a soft-deleted one still holds its bytes)."""
+        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + sign * st.cost
         self._count[st.owner] = self._count.get(st.owner, 0) + sign
 
     # -- lookups -----------------------------------------------------------
@@ -182,13 +188,12 @@ class StreamSpace:
 
     def _expired(self, st: StreamState) -> bool:
         """Whether the stream expired (and is now gone or soft-deleted)."""
-        if expiry_of(st, self._access.get(st.log_id, 0.0)) > time.time():
-            return False
+        if st.log_id in self.damaged or expiry_of(st, self._access.get(st.log_id, 0.0)) > time.time():
+            return False  # (a damaged stream stays as it is until its repair)
         if st.soft_deleted:
             return True
         if st.refcount > 0:
             st.soft_deleted = True
-            self._counted(st, -1)
             self._soft.add(st.log_id)  # (its record: the sweeper's, at once)
             self._wake.set()
         else:
@@ -198,20 +203,24 @@ class StreamSpace:
 
     def _forget(self, st: StreamState) -> None:
         """Drop a stream with no forks (its log removed later, by the sweeper),
-        and its source if that was soft-deleted and this its last fork."""
-        if self.logs.pop(st.log_id, None) is st and not st.soft_deleted:
-            self._counted(st, -1)
-        if self.streams.get((st.owner, st.name)) is st:
-            del self.streams[(st.owner, st.name)]
-        self._access.pop(st.log_id, None)
-        self._notify(st)
-        self._doomed.add(st.log_id)
+        and up its fork chain each soft-deleted source whose last fork it was
+        (a loop: a chain may be long)."""
+        cur: StreamState | None = st
+        while cur is not None:
+            if self.logs.pop(cur.log_id, None) is cur:
+                self._counted(cur, -1)
+            if self.streams.get((cur.owner, cur.name)) is cur:
+                del self.streams[(cur.owner, cur.name)]
+            self._access.pop(cur.log_id, None)
+            self._notify(cur)
+            self._doomed.add(cur.log_id)
+            src = self.logs.get(cur.forked_from) if cur.forked_from is not None else None
+            cur = None
+            if src is not None:
+                src.refcount -= 1
+                if src.refcount <= 0 and src.soft_deleted:
+                    cur = src
         self._wake.set()
-        src = self.logs.get(st.forked_from) if st.forked_from is not None else None
-        if src is not None:
-            src.refcount -= 1
-            if src.refcount <= 0 and src.soft_deleted:
-                self._forget(src)
 
     def _notify(self, st: StreamState) -> None:
         ev = self._changed.pop(st.log_id, None)
@@ -282,7 +291,11 @@ class StreamSpace:
                 if fork_sub:
                     prefix = source.sub_offset_unit(start, fork_sub)
             unit = json_unit(data, create=True) if data and is_json(ctype) else data
-            self._room(owner, len(unit) + len(prefix), new_stream=True)
+            inherited = 0
+            if source is not None:
+                n = bisect_right(source.ends, start, 0, source.durable)
+                inherited = sum(len(u) for u in source.units[:n]) + UNIT_COST * n
+            self._room(owner, len(unit) + len(prefix) + 2 * UNIT_COST + inherited, new_stream=True)  # (at most)
             opened = StreamOpened(name=name, owner=owner, content_type=ctype, ttl=ttl, expires_at=expires_at,
                                   created_at=time.time(), forked_from=source.log_id if source else None,
                                   fork_offset=start, fork_sub=fork_sub)
@@ -340,6 +353,7 @@ class StreamSpace:
                 await self._settled(st)
                 return Appended(204, {**self._tail(st, closed=True), "Producer-Epoch": str(producer[1]),
                                       "Producer-Seq": str(producer[2])})
+            await self._settled(st)  # (the close it refuses for is durable before it is said)
             raise Refused(409, "stream_closed", "the stream is closed", self._tail(st, closed=True))
         if body:
             if not content_type:
@@ -351,7 +365,12 @@ class StreamSpace:
             raise Refused(400, "bad_request", "an empty append (no body and no Stream-Closed: true)")
         if producer is not None:
             pid, epoch, seq = producer
-            if st.check_producer(pid, epoch, seq) == "duplicate":
+            try:
+                verdict = st.check_producer(pid, epoch, seq)
+            except Refused:
+                await self._settled(st)  # (a refusal is said of durable state only)
+                raise
+            if verdict == "duplicate":
                 await self._settled(st)  # (what it duplicates is durable before it is said to be stored)
                 return Appended(204, {**self._tail(st, closed=st.closed), "Producer-Epoch": str(epoch),
                                       "Producer-Seq": str(st.producers[pid].seq)})
@@ -359,12 +378,12 @@ class StreamSpace:
             raise Refused(409, "stream_seq_conflict",
                           f"Stream-Seq {stream_seq[:40]!r} is not after {st.stream_seq[:40]!r}")
         unit = json_unit(body) if body and st.json else body
-        self._room(st.owner, len(unit))
+        self._room(st.owner, len(unit) + UNIT_COST)
         ev = StreamAppended(data=unit, producer=producer[0] if producer else None,
                             epoch=producer[1] if producer else 0, pseq=producer[2] if producer else 0,
                             stream_seq=stream_seq, close=close)
         st.apply(Record(0, 0.0, ev))
-        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + len(unit)
+        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + (len(unit) + UNIT_COST if unit else 0)
         count = len(st.units)
         self._access[st.log_id] = time.time()
         # (append_many enqueues before its first await: the record's place in
@@ -398,7 +417,6 @@ class StreamSpace:
             if st.refcount > 0:
                 await self.es.append_many(st.log_id, [StreamSoftDeleted()])
                 st.soft_deleted = True
-                self._counted(st, -1)
                 if st.refcount == 0:  # (its last fork went meanwhile: an expiry)
                     self._forget(st)
                     await self._remove_doomed()
@@ -437,13 +455,23 @@ class StreamSpace:
         that expired unread. Runs until cancelled."""
         task_status.started()
         while True:
-            async with self._lifecycle:
-                for st in list(self.streams.values()):
-                    self._expired(st)
-                self._wake = trio.Event()
-                await self._remove_doomed()
+            try:
+                async with self._lifecycle:
+                    for st in list(self.streams.values()):
+                        self._expired(st)
+                    self._wake = trio.Event()
+                    await self._remove_doomed()
+            except (EventStoreError, OSError, RecursionError, ValueError) as e:  # never the server's end
+                log.error("the streams' sweep failed: %s (again at the next)", e)
             with trio.move_on_after(SWEEP_SECONDS):
                 await self._wake.wait()
+
+    async def settle_removals(self) -> None:
+        """Write what an expiry decided (soft deletes, removals) before an
+        answer says the stream is gone: a crash does not bring it back."""
+        if self._soft or self._doomed:
+            async with self._lifecycle:
+                await self._remove_doomed()
 
     async def remove_owner(self, owner: str, *, same: Callable[[str, str], bool]) -> tuple[list[str], list[str]]:
         """Delete every stream of an owner (offboarding): forks before their
@@ -464,7 +492,10 @@ class StreamSpace:
                 problems.append(f"stream {st.name!r} not deleted: its log is damaged ({self.damaged[st.log_id]}); "
                                 f"`sessionlog repair --root <data root>/streams {st.log_id}`, then delete again")
             elif same(st.owner, owner) and not st.soft_deleted:
-                problems.append(f"stream {st.name!r} not deleted: a fork of it is another's")
+                problems.append(f"stream {st.name!r} not deleted: a damaged fork of it still reads from it")
+        for log_id, why in self.unreadable.items():
+            problems.append(f"stream log {log_id}: damaged before its first record ({why}), its owner unknown: "
+                            f"`sessionlog repair --root <data root>/streams {log_id}`")
         return done, problems
 
     def names(self, owner: str) -> Sequence[str]:

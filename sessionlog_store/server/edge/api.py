@@ -284,7 +284,8 @@ class ApiHost(OperationsHost, Protocol):
     producers: Producers
     log_taps: LogTaps
     namespace: Namespace | None
-    live_reads: int  # the generic streams (None: this server keeps none)
+    live_reads: int
+    stopping: trio.Event  # the generic streams (None: this server keeps none)
 
     def anonymous(self, req: Request, remote: str) -> Principal | None: ...
 
@@ -402,7 +403,8 @@ class Api:
         if refused is not None:
             raise ApiError(refused.code, refused.message)
         if wait:
-            await trio.sleep(wait)
+            with trio.move_on_after(wait):
+                await server.stopping.wait()  # (a stop does not wait for a request held back by the rate)
         if server.store.shutting_down:
             raise ApiError("shutting_down", "the server is shutting down")
         return who

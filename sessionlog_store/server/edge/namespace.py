@@ -88,6 +88,14 @@ class Namespace:
         return f"http://{req.headers.get('host', 'localhost')}{self.root_path}"
 
     async def answer(self, ex: Exchange, req: Request, body: bytes, owner: str) -> None:
+        try:
+            await self._answer(ex, req, body, owner)
+        except Refused as e:
+            if e.status in (404, 410):  # (what an expiry decided is durable before it is said)
+                await self.space.settle_removals()
+            raise
+
+    async def _answer(self, ex: Exchange, req: Request, body: bytes, owner: str) -> None:
         name = stream_name(req.path)
         if name is None:
             raise Refused(404, "unknown_stream", "no stream named")
