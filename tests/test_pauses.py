@@ -461,8 +461,10 @@ async def test_a_worker_that_lost_the_quorum_exits_for_its_supervisor(tmp_path):
 
 
 def _leaders_elected(cluster: NatsCluster, node: int, stream: str) -> bool:
-    """Every stream of the cluster (the worker's, its lease and cache
-    buckets) has a leader on a live node, as node `node`'s /jsz tells."""
+    """The JetStream meta group and every stream of the cluster (the
+    worker's, its lease and cache buckets) have a leader on a live node, as
+    node `node`'s /jsz tells (a start while the meta leader is elected anew
+    times out: its stream and account requests go unanswered)."""
     import json
     import urllib.request
     try:
@@ -473,7 +475,8 @@ def _leaders_elected(cluster: NatsCluster, node: int, stream: str) -> bool:
     live = {f"n{i}" for i, p in enumerate(cluster.procs) if p is not None}
     streams = [s for a in jsz.get("account_details", []) for s in a.get("stream_detail", [])
                if s["name"].startswith(stream) or stream in s["name"]]
-    return bool(streams) and all((s.get("cluster") or {}).get("leader") in live for s in streams)
+    meta = (jsz.get("meta_cluster") or {}).get("leader")
+    return meta in live and bool(streams) and all((s.get("cluster") or {}).get("leader") in live for s in streams)
 
 
 @pytest.mark.slow
