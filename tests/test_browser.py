@@ -368,6 +368,12 @@ def test_behind_nginx_with_tls_and_a_sub_path(tmp_path, browser):
             async with open_client("localhost", port, TOKEN, ssl_context=tls, root_path="/chat") as c:
                 return len((await c.request("list_sessions"))["rows"])
         assert trio.run(over_wss) == 1
+        # nginx logs a WebSocket's request when its connection ends: wait for
+        # both (the page's ends as its context closes, in its own time; a stop
+        # of nginx before then drops it unlogged)
+        deadline = time.monotonic() + 30
+        while (d / "access.log").read_text().count("GET /chat/ws ") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         stop_nginx(proxy)
         s.stop()
