@@ -23,6 +23,15 @@ durable_streams = pytest.importorskip("durable_streams", reason="the test extra 
 TEXT = ["Durable ", "streams\n", "resume ", "exactly ", "where\n", "they were ", "cut."]
 
 
+async def append_text(producer: HttpClient, stream: str, pieces: list[str], close: bool = False) -> None:
+    """An external producer's appends, the last closing the reply with `close`."""
+    for i, piece in enumerate(pieces):
+        last = close and i == len(pieces) - 1
+        a = await producer.request("POST", stream, raw=piece.encode(), headers={
+            "Content-Type": "text/plain", **({"Stream-Closed": "true"} if last else {})})
+        assert a.status in (200, 204), a.body
+
+
 @pytest.mark.parametrize("live", ["long-poll", "sse"])
 async def test_the_official_python_client_reads_a_streaming_reply_and_resumes(root, nursery, live):
     server = await start(nursery, root)
@@ -34,11 +43,7 @@ async def test_the_official_python_client_reads_a_streaming_reply_and_resumes(ro
         sent = trio.Event()
 
         async def produce(pieces: list[str], close: bool = False) -> None:
-            for i, piece in enumerate(pieces):
-                last = close and i == len(pieces) - 1
-                a = await producer.request("POST", opened["stream"], raw=piece.encode(), headers={
-                    "Content-Type": "text/plain", **({"Stream-Closed": "true"} if last else {})})
-                assert a.status in (200, 204), a.body
+            await append_text(producer, opened["stream"], pieces, close)
             sent.set()
 
         await produce(TEXT[:1])
@@ -80,11 +85,7 @@ async def test_the_official_typescript_client_reads_a_streaming_reply_and_resume
         url = f"http://127.0.0.1:{server.port}{opened['stream']}"
 
         async def produce(pieces: list[str], close: bool = False) -> None:
-            for i, piece in enumerate(pieces):
-                last = close and i == len(pieces) - 1
-                a = await producer.request("POST", opened["stream"], raw=piece.encode(), headers={
-                    "Content-Type": "text/plain", **({"Stream-Closed": "true"} if last else {})})
-                assert a.status in (200, 204), a.body
+            await append_text(producer, opened["stream"], pieces, close)
 
         async def read(offset: str, stop_after: int | None, then: list[str], close: bool) -> dict[str, Any]:
             """Run the Node reader; once it has handed over its first chunk,

@@ -267,6 +267,14 @@ class EventStore:
             self._fail(e)
             raise StoreBroken(f"removing session {session_id!r} failed: {e}") from e
 
+    async def log_bytes(self, session_id: str) -> bytes:
+        """The session's log as the file holds it, and after a failed log
+        write what only the journal holds in its place (call `flush` first
+        for everything appended so far)."""
+        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
+        extra = self.unwritten(session_id)
+        return data[:self.durable_end(session_id)] + extra if extra else data
+
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         """The session's acknowledged records with seq > `after_seq`, in order
         (what a reader of the log finds once everything appended is in it)."""

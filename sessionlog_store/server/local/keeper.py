@@ -12,7 +12,6 @@ import trio
 from sessionlog_store.eventstore.errors import CorruptRecord, StoreBroken
 from sessionlog_store.eventstore.local.commit import EventStore
 from sessionlog_store.eventstore.local.fsio import FileOps
-from sessionlog_store.eventstore.local.log import read_log
 from sessionlog_store.eventstore.record import decode_record
 from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.projections.registry import Registry
@@ -52,11 +51,7 @@ class LocalKeeper:
 
     async def log_bytes(self, sid: str) -> bytes:
         await self._flush_for_read()
-        data = await trio.to_thread.run_sync(read_log, self.fs, self.root, sid)
-        extra = self.es.unwritten(sid)
-        if extra:  # a failed log write: what only the journal holds follows the written part
-            data = data[:self.es.durable_end(sid)] + extra
-        return data
+        return await self.es.log_bytes(sid)
 
     async def _flush_for_read(self) -> None:
         """Before a read of a log: everything appended so far is in the file.

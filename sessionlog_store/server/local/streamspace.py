@@ -56,9 +56,7 @@ async def stream_log_bytes(space: StreamSpace, log_id: str) -> bytes:
     es = space.es
     assert isinstance(es, EventStore)
     await es.flush()
-    data = await trio.to_thread.run_sync(read_log, es.fs, es.root, log_id)
-    extra = es.unwritten(log_id)
-    return data[:es.durable_end(log_id)] + extra if extra else data
+    return await es.log_bytes(log_id)
 
 
 @asynccontextmanager
