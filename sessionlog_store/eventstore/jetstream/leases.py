@@ -34,7 +34,7 @@ from ..errors import MessageFinished, UnknownSession
 from ..events import Event, MessageCreated, MessageFinalized, SessionCreated, SessionFlags
 from .streamlog import JetStreamLog
 from ..record import Record
-from .natsio import WRONG_LAST_SEQUENCE, unanswered, until_led
+from .natsio import WRONG_LAST_SEQUENCE, bucket_keys, unanswered, until_led
 
 log = logging.getLogger("sessionlog.leases")
 
@@ -50,6 +50,11 @@ class Lease(msgspec.Struct, frozen=True):
 
 _ENCODE = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder(Lease)
+
+
+def bucket_name(stream: str) -> str:
+    """The KV bucket of a stream's leases."""
+    return f"{stream}-leases"
 
 
 def lease_key(session_id: str, msg_id: str) -> str:
@@ -101,7 +106,7 @@ class Leases:
                    skew: float = CLOCK_SKEW) -> Leases:
         js = log.js
 
-        name = f"{log.stream}-leases"
+        name = bucket_name(log.stream)
         kv = await log.bridge.run(lambda: until_led(js, f"KV_{name}", lambda: js.create_key_value(
             bucket=name, history=1, replicas=replicas)))
         # (nats-py's connection behind the log's context: a second context on
@@ -114,16 +119,8 @@ class Leases:
     async def held(log: JetStreamLog) -> list[str]:
         """The keys of every lease on the stream's bucket, making nothing
         (none if the bucket does not exist)."""
-        js = log.js
-
-        async def keys() -> list[str]:
-            from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
-            try:
-                kv = await js.key_value(f"{log.stream}-leases")
-                return list(await kv.keys())
-            except (BucketNotFoundError, NotFoundError, NoKeysError):
-                return []
-        return await log.bridge.run(keys)
+        js, bucket = log.js, bucket_name(log.stream)
+        return await log.bridge.run(lambda: bucket_keys(js, bucket))
 
     def _value(self) -> tuple[bytes, float]:
         expires = time.time() + self.ttl
@@ -264,14 +261,14 @@ class Leases:
         keys = await self.keys()
 
         async def expired() -> list[tuple[str, int]]:
-            from nats.js.errors import KeyNotFoundError
+            from nats.js.errors import KeyDeletedError, KeyNotFoundError
             out = []
             for key in keys:
                 if key in self._revisions:
                     continue  # this worker's own live reply (not even read)
                 try:
                     entry = await kv.get(key)
-                except KeyNotFoundError:
+                except (KeyNotFoundError, KeyDeletedError):  # (released or swept meanwhile)
                     continue
                 if entry.value and _DECODE.decode(entry.value).expires + skew < time.time():
                     out.append((key, entry.revision))
@@ -319,15 +316,8 @@ class Leases:
 
     async def keys(self) -> list[str]:
         """Every lease's key, any worker's."""
-        kv = self.kv
-
-        async def keys() -> list[str]:
-            from nats.js.errors import NoKeysError
-            try:
-                return list(await kv.keys())
-            except NoKeysError:
-                return []
-        return await self.log.bridge.run(keys)
+        js, bucket = self.log.js, bucket_name(self.log.stream)
+        return await self.log.bridge.run(lambda: bucket_keys(js, bucket))
 
 
 def _running_flag_left(records: list[Record], msg_id: str) -> bool:

@@ -237,3 +237,43 @@ async def read_subject(js: Any, stream: str, subject: str, direct_gets: int,
     finally:
         await sub.unsubscribe()
     return b"".join(parts), marks[-1][0], marks
+
+
+async def bucket_keys(js: Any, bucket: str, chase_for: float = 10.0) -> list[str]:
+    """The keys of a KV bucket that hold a value (deleted and purged ones
+    left out; none if the bucket does not exist). nats-py's `kv.keys()` can
+    answer none for a bucket that has some: it takes "nothing pending,
+    nothing received" for the end while the consumer's first message is
+    still on its way to the client (a busy machine).
+
+    Here the read goes on to the stream's last message, asked for after the
+    consumer was made, and then to the newest one as long as more came
+    meanwhile: a key updated during the read (history 1: its message read
+    from the first pass removed before it was delivered) is delivered as
+    new, before an end that found nothing new. After `chase_for` seconds of
+    updates arriving faster than they are read, it answers what it read: a
+    key missed then was being written to (a lease being renewed)."""
+    from nats.js.api import DeliverPolicy
+    from nats.js.errors import NotFoundError
+    from nats.js.kv import KV_MARKER_REASON, KV_OP
+    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    try:
+        sub = await js.subscribe(f"{prefix}>", stream=stream, ordered_consumer=True, headers_only=True,
+                                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    except NotFoundError:
+        return []
+    try:
+        held: dict[str, bool] = {}
+        seq, deadline = 0, time.monotonic() + chase_for
+        while True:
+            last = (await js.stream_info(stream)).state.last_seq
+            if seq >= last or time.monotonic() > deadline:
+                break
+            while seq < last:
+                msg = await sub.next_msg(timeout=30)
+                seq = msg.metadata.sequence.stream
+                headers = msg.headers or {}
+                held[msg.subject[len(prefix):]] = KV_OP not in headers and KV_MARKER_REASON not in headers
+    finally:
+        await sub.unsubscribe()
+    return sorted(k for k, live in held.items() if live)
