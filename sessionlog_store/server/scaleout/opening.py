@@ -12,10 +12,12 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import trio
 
 from sessionlog_store.eventstore.jetstream.leases import Leases
-from sessionlog_store.eventstore.jetstream.natsio import default_prefix
+from sessionlog_store.eventstore.jetstream.natsio import default_prefix, unanswered
 from sessionlog_store.eventstore.jetstream.objects import StreamObjects, stream_facts
 from sessionlog_store.eventstore.jetstream.projects import StreamProjectLog
 from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
@@ -27,6 +29,7 @@ from sessionlog_store.projections.stream_fold import seed as seed_registry
 from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.store import SessionStore, running
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator
+from sessionlog_store.server.edge.ws import leaf_errors
 from sessionlog_store.server.scaleout.worker import CHECKPOINT_NAME, CheckpointStart, Checkpoints, Worker
 
 log = logging.getLogger("sessionlog.worker")
@@ -38,7 +41,36 @@ async def open_worker_store(root: str, config: StoreConfig, *,
     """A session store on the shared stream `config.backend` names, as one of
     its workers; background work lives until the block exits, and a normal or
     cancelled exit stops gracefully (sessionlog_store.server.stores picks it
-    for a config with a backend)."""
+    for a config with a backend).
+
+    A start whose requests get no answer (the cluster electing a leader: a
+    node was just lost) is made again from the start, for
+    `config.publish_retry` seconds: every step of it is idempotent, and
+    nothing has been served yet."""
+    deadline = trio.current_time() + config.publish_retry
+    async with AsyncExitStack() as stack:
+        while True:
+            try:
+                store = await stack.enter_async_context(_started(root, config, titler))
+                break
+            except Exception as e:  # noqa: BLE001 - sorted: only "no answer" is tried again
+                if not all(_unanswered(x) for x in leaf_errors(e)) or trio.current_time() > deadline:
+                    raise
+                log.warning("the NATS servers did not answer the start (%s); starting again", e)
+                await trio.sleep(1.0)
+        async with running(store) as ready:
+            yield ready
+
+
+def _unanswered(error: BaseException) -> bool:
+    """A request that got no answer, or one that failed for it (a stream made
+    or found only after its leader was elected: StoreBroken from it)."""
+    return unanswered(error) or (error.__cause__ is not None and unanswered(error.__cause__))
+
+
+@asynccontextmanager
+async def _started(root: str, config: StoreConfig, titler: TitleGenerator | None) -> AsyncIterator[SessionStore]:
+    """The worker's store, opened and started (not yet running)."""
     async with open_worker_log(config) as (stream, registry, leases, index, checkpoints):
 
         def keeper(s: SessionStore) -> Worker:  # (the worker keeps the store's checkpoints in the stream's bucket)
@@ -49,8 +81,7 @@ async def open_worker_store(root: str, config: StoreConfig, *,
         assert isinstance(worker, Worker)
         store.worker = worker
         await start_worker(store, worker, config)
-        async with running(store) as ready:
-            yield ready
+        yield store
 
 
 async def start_worker(store: SessionStore, worker: Worker, config: StoreConfig) -> None:
