@@ -136,3 +136,10 @@ class UnreadableFormat(EventStoreError):
 class ProjectsMoved(EventStoreError):
     """A shared project log: another writer appended to it since this one
     read it (catch up, check again, retry)."""
+
+
+def leaf_errors(e: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups."""
+    if isinstance(e, BaseExceptionGroup):
+        return [leaf for sub in e.exceptions for leaf in leaf_errors(sub)]
+    return [e]

@@ -15,14 +15,14 @@ from urllib.parse import quote
 
 import trio
 
-from sessionlog_store.eventstore.errors import EventStoreError
+from sessionlog_store.eventstore.errors import EventStoreError, leaf_errors
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.server.agents import Agent, DemoAgent, load_agents
 from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.stores import open_session_store
 from sessionlog_store.server.edge.auth import AuthConfig, JwtConfig, make_authenticator
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits
-from sessionlog_store.server.edge.ws import Server, ServerConfig, leaf_errors
+from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.gc_policy import tune_gc
 from sessionlog_store.server.local.streamspace import open_stream_space
 

@@ -468,13 +468,6 @@ def _public_netloc(url: str) -> str:
 _PEER_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed)
 
 
-def leaf_errors(e: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups."""
-    if isinstance(e, BaseExceptionGroup):
-        return [leaf for sub in e.exceptions for leaf in leaf_errors(sub)]
-    return [e]
-
-
 def _peer(stream: trio.abc.Stream) -> str:
     """host:port of the other end of a TCP stream ("?" if it has none)."""
     sock = getattr(stream, "socket", None)

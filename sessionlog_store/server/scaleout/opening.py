@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 
+from sessionlog_store.eventstore.errors import leaf_errors
 from sessionlog_store.eventstore.jetstream.leases import Leases
 from sessionlog_store.eventstore.jetstream.natsio import default_prefix, unanswered
 from sessionlog_store.eventstore.jetstream.objects import StreamObjects, stream_facts
@@ -29,7 +30,6 @@ from sessionlog_store.projections.stream_fold import seed as seed_registry
 from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.store import SessionStore, running
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator
-from sessionlog_store.server.edge.ws import leaf_errors
 from sessionlog_store.server.scaleout.worker import CHECKPOINT_NAME, CheckpointStart, Checkpoints, Worker
 
 log = logging.getLogger("sessionlog.worker")
