@@ -154,10 +154,13 @@ async def _until(pred, within: float = 60.0) -> None:  # type: ignore[no-untyped
 
 async def _follow(c: Client, sid: str) -> None:
     """Subscribe to the session's running messages from their first
-    character (so that the frames alone tell everything the client was told)."""
+    character (so that the frames alone tell everything the client was told);
+    one ended already (a sweep that came first) is known as it ended."""
     for m in (await c.request("load_session", session_id=sid))["messages"]:
         if m["status"] in ("pending", "running"):
             await c.request("subscribe_msg", session_id=sid, msg_id=m["msg_id"], offset=0)
+        else:
+            c.status[(sid, m["msg_id"])] = m["status"]
 
 
 async def _start_replies(c: Client, n: int) -> dict[str, str]:
