@@ -43,13 +43,13 @@ Every log tails the stream from when it opened with an ordered consumer
 publishes the stream refused): another writer's messages (a header names
 the writer) reach this log's listeners, in order, and move the session's
 seq and fence here, so that any worker can show, and append to, a session
-another one wrote.
+another one wrote (tail.py). `caught_up` waits until it has brought all
+the stream held when called (what another worker acknowledged before).
 """
 from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -58,14 +58,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..backend import Appended, CommitStatistics, EventLog, RecordListener
-from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SessionExists, StoreBroken, StoreClosed,
-                     UnknownSession)
-from ..events import Event, MessageFinalized, MessageProgress, SessionCreated, SessionDeleted, SessionFlags
+from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SeqConflict, SessionExists, StoreBroken,
+                     StoreClosed, UnknownSession)
+from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted, SessionFlags
 from ..ids import validate_session_id
 from .natsio import (DIRECT_GETS, PING_INTERVAL, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream, publish_answered,
                      read_subject, split_by_size, unanswered)
 from ..record import Record, decode_record, encode_record, scan, with_ends
 from .session import StreamSession
+from .tail import Tail
 
 
 log = logging.getLogger("sessionlog.jetstream")
@@ -73,7 +74,8 @@ log = logging.getLogger("sessionlog.jetstream")
 class JetStreamLog:
     """Use `open_jetstream_log()`."""
 
-    def __init__(self, bridge: AsyncioThread, js: Any, stream: str, prefix: str, *, retry_for: float = 60.0) -> None:
+    def __init__(self, bridge: AsyncioThread, js: Any, stream: str, prefix: str, *, retry_for: float = 60.0,
+                 refuse_conflicts: bool = False) -> None:
         self.bridge, self.js, self.stream, self.prefix = bridge, js, stream, prefix
         self.retry_for = retry_for
         self.retries = 0  # publishes sent again after no answer (a leader election: a metric)
@@ -85,6 +87,12 @@ class JetStreamLog:
         # An empty list: the session is gone (deleted by another writer).
         self.reset_listeners: list[Callable[[str, list[Record], int], None]] = []
         self.conflicts = 0  # publishes refused for another writer's (rebased: a metric)
+        # A conflict refuses this log's unacknowledged records of the session
+        # (SeqConflict: their writer reads the log again, from the reset
+        # listeners' fold, and decides anew) instead of rebasing them: for
+        # logs whose appends are checked against all that precedes them
+        # (the generic streams' producers and closure).
+        self.refuse_conflicts = refuse_conflicts
         # As EventStore's: after the listeners saw one append's records (session id);
         # after each durable batch (records, perf_counter() of its first record, of its ack).
         self.append_listeners: list[Callable[[str], None]] = []
@@ -118,6 +126,7 @@ class JetStreamLog:
         self._closed = False
         self.worker = secrets.token_hex(6)  # names this writer on its messages (the tail skips its own)
         self.tail_position = 0  # the stream sequence of the last message the tail delivered
+        self.tail: Tail | None = None  # (made by open_jetstream_log)
         self.written_position = 0  # the stream sequence of the last message this log stored
         self.replayed = 0  # messages the opening replay delivered
         self.replay_seconds = 0.0  # how long the opening replay took (set by its opener)
@@ -376,9 +385,11 @@ class JetStreamLog:
         gone = not records or isinstance(records[-1].event, SessionDeleted)
         # Nothing this log knew of the session is left: deleted, purged and made again.
         again = old.stream_seq > 0 and bool(marks) and marks[0][0] > old.stream_seq
-        if gone or again or isinstance(decode_record(pending[0][1]).event, SessionCreated):
+        made = pending[0][0] == 1  # (this log's records made the session: its first is seq 1)
+        if gone or again or made or self.refuse_conflicts:
             old.refused = (UnknownSession(session_id) if gone or again else
-                           SessionExists(f"session {session_id!r} was created by another writer"))
+                           SessionExists(f"session {session_id!r} was created by another writer") if made else
+                           SeqConflict(f"log {session_id}: another writer appended to it first"))
             if gone:
                 new.deleted = True
                 records = []
@@ -464,8 +475,7 @@ class JetStreamLog:
             sess.deferred.append((data, stream_seq))
             return
         records = scan(sid, data).records if records is None else records
-        if sess is not None and not sess.deleted and records and isinstance(records[0].event, SessionCreated) \
-                and records[0].seq <= sess.last_seq:
+        if sess is not None and not sess.deleted and records and records[0].seq == 1 <= sess.last_seq:
             # The id made again by another writer after a deletion whose
             # tombstone was purged before the tail brought it: the old is gone.
             sess.deleted = True
@@ -492,60 +502,13 @@ class JetStreamLog:
         self._durable.set()
         self._durable = trio.Event()
 
-    async def _start_tail(self, replay: bool = False, start: int = 0) -> None:
-        """Tail the stream from now on; with `replay`, from its first message
-        (or from stream sequence `start`), returning once every message there
-        was at the start has reached the listeners (what a worker's start
-        does: its registry from the stream, or from a checkpoint and then the
-        stream)."""
-        token = trio.lowlevel.current_trio_token()
-        js, worker, stream = self.js, self.worker, self.stream
-        delivered = [0]  # messages the tail got (on the asyncio thread)
-        # Delivered messages cross into trio in runs: one crossing for all that
-        # came while the last one waited (queued under `lock`, in order).
-        queue: list[tuple[str, bytes, int, bool]] = []
-        lock, scheduled = threading.Lock(), [False]
-
-        def drain() -> None:
-            with lock:
-                items, queue[:], scheduled[0] = list(queue), [], False
-            for item in items:
-                self._tailed(*item)
-
-        async def subscribe() -> Any:
-            from nats.js.api import ConsumerConfig, DeliverPolicy
-
-            async def on_message(msg: Any) -> None:
-                delivered[0] += 1
-                own = (msg.headers or {}).get(WRITER_HEADER) == worker
-                if own and not self.stream_listeners:
-                    return
-                with lock:
-                    queue.append((msg.subject, msg.data or b"", msg.metadata.sequence.stream, own))
-                    wake, scheduled[0] = not scheduled[0], True
-                if wake:
-                    token.run_sync_soon(drain)
-            policy = DeliverPolicy.ALL if replay else DeliverPolicy.NEW
-            config = None
-            if replay and start > 1:
-                config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
-            return await js.subscribe(f"{self.prefix}.>", stream=stream, cb=on_message, ordered_consumer=True,
-                                      **({"config": config} if config else {"deliver_policy": policy}))
-        self._tail_sub = sub = await self.bridge.run(subscribe)
-        while replay:
-            # Caught up: nothing left on the server for the consumer, and every
-            # message it sent taken by on_message (the server's count of what
-            # it delivered: a message purged meanwhile is in neither). Their
-            # drain was queued before this crossing's own wake-up: all have
-            # run when it returns.
-            async def progress() -> tuple[int, int, int]:
-                info = await sub.consumer_info()
-                return int(info.num_pending or 0), int(info.delivered.consumer_seq or 0), delivered[0]
-            pending, sent, got = await self.bridge.run(progress)
-            if pending == 0 and got >= sent:
-                self.replayed = got
-                return
-            await trio.sleep(0.02)
+    async def caught_up(self) -> None:
+        """Return once the tail has brought (and the listeners folded) every
+        message the stream held when called: what another worker acknowledged
+        before is known here (read-your-writes behind a load balancer)."""
+        self.check_open()
+        assert self.tail is not None, "the tail has not started"
+        await self.tail.caught_up()
 
     # -- what the session store asks of a backend besides the contract -------
 
@@ -625,6 +588,23 @@ class JetStreamLog:
             start = end
         return records
 
+    async def purge_tombstoned(self, session_id: str) -> bool:
+        """Purge a log whose last record is its tombstone (its deleter died,
+        or is still about to, before purging it): its id is free to be made
+        again. Only up to the tombstone (a log made anew meanwhile stays).
+        True if it was."""
+        data, last, _ = await self._read_answered(session_id)
+        records = scan(session_id, data).records
+        if not records or not isinstance(records[-1].event, SessionDeleted):
+            return False
+        subject, js, stream = self.subject(session_id), self.js, self.stream
+        await self.bridge.run(lambda: js.purge_stream(stream, seq=last + 1, subject=subject))
+        self._purged[session_id] = max(self._purged.get(session_id, 0), last)
+        sess = self._sessions.get(session_id)
+        if sess is not None and sess.deleted:
+            del self._sessions[session_id]
+        return True
+
     async def remove(self, session_id: str) -> None:
         """Purge the session's subject (its tombstone is durable already) and forget it."""
         self.check_open()
@@ -647,7 +627,7 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
                              replay: bool = False, create: bool = True,
                              listeners: Sequence[RecordListener] = (),
                              seed: Callable[[JetStreamLog], Awaitable[int]] | None = None,
-                             ) -> AsyncIterator[JetStreamLog]:
+                             refuse_conflicts: bool = False) -> AsyncIterator[JetStreamLog]:
     """Connect, create the stream if needed (`replicas` copies), run the
     committer until the block exits; everything appended inside the block is
     committed before it does. With `replay`, every session on the stream is
@@ -669,12 +649,14 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
             js = nc.jetstream(timeout=timeout)
 
             await bridge.run(lambda: ensure_stream(js, stream, prefix, replicas, create))
-            log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for)
+            log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for, refuse_conflicts=refuse_conflicts)
             log.max_message = int(nc.max_payload) - 4096
             log.listeners.extend(listeners)
             start = await seed(log) + 1 if seed is not None and replay else 0
             with trio.fail_after(max(60.0, 6 * timeout)):
-                await log._start_tail(replay, start)
+                log.tail = Tail(bridge, js, stream, f"{prefix}.>", log.worker, log._tailed,
+                                lambda: bool(log.stream_listeners))
+                log.replayed = await log.tail.start(replay, start)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(log._commit)
                 try:
