@@ -13,8 +13,11 @@ a first unit of its own holding the part of the next one it inherits.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from bisect import bisect_right
+from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -172,6 +175,22 @@ class StreamState:
             self.own_bytes += len(data)
             self.cost += len(data) + UNIT_COST
 
+    def refold(self, records: list[Record], source: StreamState | None) -> None:
+        """Fold the stream again from its records as they now stand (another
+        worker appended first: what this one applied of its own is void),
+        in place (readers hold this object)."""
+        fresh = StreamState.opened(self.log_id, records[0].event) if records and \
+            isinstance(records[0].event, StreamOpened) else StreamState(self.log_id, self.name, self.owner,
+                                                                          self.content_type)
+        if source is not None and fresh.forked_from is not None:
+            fresh.inherit(source)
+        for rec in records[1:]:
+            fresh.apply(rec)
+        fresh.durable, fresh.ended = len(fresh.units), fresh.closed
+        fresh.refcount = self.refcount
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(fresh, name))
+
     def apply(self, rec: Record) -> None:
         """Fold one of the stream's records (after the first, StreamOpened)."""
         ev = rec.event
@@ -245,3 +264,27 @@ class StreamState:
             raise Refused(409, "producer_seq_gap", f"expected Producer-Seq {state.seq + 1}, got {seq}",
                           {"Producer-Expected-Seq": str(state.seq + 1), "Producer-Received-Seq": str(seq)})
         return "accept"
+
+
+def expiry_of(state: StreamState, last_access: float, *, shared: bool = False) -> float:
+    """When the stream expires (time.time()), math.inf for never. `shared`:
+    workers share the stream; another's reads reach this one as a touch
+    written once a quarter of the TTL has passed since the last one, so a
+    TTL runs a quarter and 2 s longer (a stream expires late, never early)."""
+    at = math.inf
+    if state.expires_at is not None:
+        try:
+            at = datetime.fromisoformat(state.expires_at.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            at = 0.0
+    if state.ttl is not None:
+        at = min(at, last_access + state.ttl + (state.ttl / 4 + 2.0 if shared else 0.0))
+    return at
+
+
+def stream_log_id(owner: str, name: str) -> str:
+    """A stream's log id on a shared backend: the same on every worker, so
+    that two workers making one name race for one log (the loser's create is
+    SessionExists, and it finds the winner's stream)."""
+    key = f"{owner}\0{name}".encode("utf-8", "surrogatepass")
+    return "d" + hashlib.blake2b(key, digest_size=16).hexdigest()

@@ -25,6 +25,7 @@ from sessionlog_store.server.edge.limits import MULTI_USER, Limits
 from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.gc_policy import tune_gc
 from sessionlog_store.server.local.streamspace import open_stream_space
+from sessionlog_store.server.scaleout.streamspace import open_shared_stream_space
 
 log = logging.getLogger("sessionlog.run")
 
@@ -35,8 +36,9 @@ async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = 
                       on_ready: Callable[[Server], None] | None = None, fs: FileOps = OS_FILES) -> None:
     """Open the store (recovering first), serve until cancelled, shut down gracefully."""
     async with open_session_store(root, config=store_config, fs=fs) as store, AsyncExitStack() as stack:
-        space = None
-        if store_config is None or not store_config.backend:  # (the generic streams: on the local engine only)
+        if store_config is not None and store_config.backend:  # (the workers' shared streams)
+            space = await stack.enter_async_context(open_shared_stream_space(store_config))
+        else:
             sc = store_config or StoreConfig()
             space = await stack.enter_async_context(open_stream_space(
                 root, fs=fs, sync_mode=sc.sync_mode, journal_sync_interval=sc.journal_sync_interval))

@@ -29,22 +29,20 @@ Theory of operation
 from __future__ import annotations
 
 import logging
-import math
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, NamedTuple
 
 import trio
 
 from sessionlog_store.eventstore.backend import EventLog
-from sessionlog_store.eventstore.errors import EventStoreError
+from sessionlog_store.eventstore.errors import EventStoreError, SeqConflict, SessionExists, UnknownSession
 from sessionlog_store.eventstore.events import SessionDeleted, StreamAppended, StreamOpened, StreamSoftDeleted
 from sessionlog_store.eventstore.ids import new_session_id
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.projections.dstream import (UNIT_COST, Refused, StreamState, encode_offset, is_json,
-                                                  json_unit, media_type)
+from sessionlog_store.projections.dstream import (UNIT_COST, Refused, StreamState, encode_offset, expiry_of,
+                                                  is_json, json_unit, media_type, stream_log_id)
 
 log = logging.getLogger("sessionlog.streams")
 
@@ -54,6 +52,12 @@ DEFAULT_TYPE: Final = "application/octet-stream"
 # are held in memory while the server runs and read back at each start.
 MAX_OWNER_BYTES: Final = 256 * 1024 * 1024
 MAX_OWNER_STREAMS: Final = 10_000
+# On a shared backend: an append refused this many times for other workers'
+# appends coming first is answered 503 (the next try is the client's).
+MAX_CONFLICTS: Final = 20
+# (shared) How long a request waits to know what other workers acknowledged
+# before it (a leader election): then it is answered from what is known.
+CATCH_UP_SECONDS: Final = 5.0
 
 
 class Appended(NamedTuple):
@@ -61,25 +65,25 @@ class Appended(NamedTuple):
     headers: dict[str, str]
 
 
-def expiry_of(state: StreamState, last_access: float) -> float:
-    """When the stream expires (time.time()), math.inf for never."""
-    at = math.inf
-    if state.expires_at is not None:
-        try:
-            at = datetime.fromisoformat(state.expires_at.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            at = 0.0
-    if state.ttl is not None:
-        at = min(at, last_access + state.ttl)
-    return at
-
-
 class StreamSpace:
     """Every generic stream of one server."""
 
     def __init__(self, es: EventLog, *, max_owner_bytes: int = MAX_OWNER_BYTES,
-                 max_owner_streams: int = MAX_OWNER_STREAMS) -> None:
+                 max_owner_streams: int = MAX_OWNER_STREAMS, shared: bool = False,
+                 catch_up: Callable[[], Awaitable[None]] | None = None,
+                 purge_tombstoned: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.es = es
+        # (shared) Returns once every other worker's record acknowledged before is folded here.
+        self.catch_up = catch_up
+        # (shared) Purges a log that ends with its tombstone.
+        self.purge_tombstoned = purge_tombstoned
+        # Workers share the log (JetStream: server/scaleout/streamspace.py):
+        # other workers' records come through `on_remote`, a conflict's
+        # refold through `on_reset`; a stream's appends go one at a time.
+        self.shared = shared
+        self._writing: dict[str, trio.Lock] = {}  # (shared) a stream's append in flight
+        self._shared_access: dict[str, float] = {}  # (shared) the last access every worker knows of
+        self._touch: set[str] = set()  # (shared) streams read here since: their touch to write
         self.streams: dict[tuple[str, str], StreamState] = {}   # (owner, name): live and soft-deleted
         self.logs: dict[str, StreamState] = {}                  # log id: live and soft-deleted
         self.damaged: dict[str, str] = {}                       # log id: what is wrong (read-only)
@@ -183,12 +187,16 @@ class StreamSpace:
             raise Refused(409, "read_only", f"stream {name!r}'s log is damaged ({self.damaged[st.log_id]}): "
                           f"read-only until `sessionlog repair --root <data root>/streams {st.log_id}`")
         if touch:
-            self._access[st.log_id] = time.time()
+            now = self._access[st.log_id] = time.time()
+            if self.shared and st.ttl is not None and now - self._shared_access.get(st.log_id, 0.0) > st.ttl / 4:
+                self._touch.add(st.log_id)  # (the sweeper writes it: other workers' expiry sees the read)
+                self._wake.set()
         return st
 
     def _expired(self, st: StreamState) -> bool:
         """Whether the stream expired (and is now gone or soft-deleted)."""
-        if st.log_id in self.damaged or expiry_of(st, self._access.get(st.log_id, 0.0)) > time.time():
+        if st.log_id in self.damaged or \
+                expiry_of(st, self._access.get(st.log_id, 0.0), shared=self.shared) > time.time():
             return False  # (a damaged stream stays as it is until its repair)
         if st.soft_deleted:
             return True
@@ -201,10 +209,11 @@ class StreamSpace:
         self._notify(st)
         return True
 
-    def _forget(self, st: StreamState) -> None:
-        """Drop a stream with no forks (its log removed later, by the sweeper),
-        and up its fork chain each soft-deleted source whose last fork it was
-        (a loop: a chain may be long)."""
+    def _forget(self, st: StreamState, *, doom: bool = True) -> None:
+        """Drop a stream with no forks (its log removed later, by the sweeper;
+        not `doom`: removed by another worker), and up its fork chain each
+        soft-deleted source whose last fork it was, removed here (a loop: a
+        chain may be long; another worker removing it too finds it gone)."""
         cur: StreamState | None = st
         while cur is not None:
             if self.logs.pop(cur.log_id, None) is cur:
@@ -212,8 +221,11 @@ class StreamSpace:
             if self.streams.get((cur.owner, cur.name)) is cur:
                 del self.streams[(cur.owner, cur.name)]
             self._access.pop(cur.log_id, None)
+            self._shared_access.pop(cur.log_id, None)
+            self._writing.pop(cur.log_id, None)
             self._notify(cur)
-            self._doomed.add(cur.log_id)
+            if doom or cur is not st:
+                self._doomed.add(cur.log_id)
             src = self.logs.get(cur.forked_from) if cur.forked_from is not None else None
             cur = None
             if src is not None:
@@ -226,6 +238,18 @@ class StreamSpace:
         ev = self._changed.pop(st.log_id, None)
         if ev is not None:
             ev.set()
+
+    async def synced(self) -> None:
+        """(Shared) Before a request is decided: what other workers
+        acknowledged before it is known here (a write on one worker, then a
+        read on another, reads it)."""
+        if self.catch_up is not None:
+            try:
+                with trio.fail_after(CATCH_UP_SECONDS):
+                    await self.catch_up()
+            except Exception as e:  # noqa: BLE001 - (an election, a node lost): from memory, logged
+                log.warning("could not catch up with the other workers (%s): answered from what is known here",
+                            e or "no answer")
 
     def wake_all(self) -> None:
         """Wake every reader waiting on a stream (a stop: they look again)."""
@@ -253,7 +277,28 @@ class StreamSpace:
                      expires_at: str | None, closed: bool, data: bytes, forked_from: str | None = None,
                      fork_offset: int | None = None, fork_sub: int = 0) -> tuple[StreamState, bool]:
         """Create the stream (True), or find it made alike (False); Refused
-        409 if it exists otherwise, 404/409/400 for a fork's source."""
+        409 if it exists otherwise, 404/409/400 for a fork's source. (Shared:
+        another worker that made it first makes this a find.)"""
+        for _ in range(MAX_CONFLICTS):
+            try:
+                return await self._create(owner, name, content_type=content_type, ttl=ttl, expires_at=expires_at,
+                                          closed=closed, data=data, forked_from=forked_from,
+                                          fork_offset=fork_offset, fork_sub=fork_sub)
+            except (SessionExists, SeqConflict):
+                if not self.shared:
+                    raise
+                # (another worker made its log meanwhile: on_reset folded it)
+            except UnknownSession:
+                if not self.shared or self.purge_tombstoned is None:
+                    raise
+                # The name's last log ends with its tombstone, not purged yet
+                # (its deleter is about to, or died first): purged here.
+                await self.purge_tombstoned(stream_log_id(owner, name))
+        raise Refused(503, "busy", f"stream {name!r} is being made and removed by other servers: try again")
+
+    async def _create(self, owner: str, name: str, *, content_type: str | None, ttl: int | None,
+                      expires_at: str | None, closed: bool, data: bytes, forked_from: str | None,
+                      fork_offset: int | None, fork_sub: int) -> tuple[StreamState, bool]:
         async with self._lifecycle:
             existing = self.streams.get((owner, name))
             if existing is not None and self._expired(existing):
@@ -304,7 +349,9 @@ class StreamSpace:
                 events.append(StreamAppended(data=prefix))
             if unit or closed:
                 events.append(StreamAppended(data=unit, close=closed))
-            log_id = new_session_id()
+            log_id = stream_log_id(owner, name) if self.shared else new_session_id()
+            if log_id in self._doomed:  # (shared: this name's last stream, expired, its removal still to write)
+                await self._remove_doomed()
             appended = await self.es.create(log_id, events)
             st = StreamState.opened(log_id, opened)
             if source is not None:
@@ -315,7 +362,7 @@ class StreamSpace:
             st.durable, st.ended = len(st.units), st.closed
             self.streams[(owner, name)] = st
             self.logs[log_id] = st
-            self._access[log_id] = time.time()
+            self._access[log_id] = self._shared_access[log_id] = time.time()
             self._counted(st, +1)
             return st, True
 
@@ -342,7 +389,28 @@ class StreamSpace:
     async def append(self, st: StreamState, body: bytes, *, content_type: str | None, close: bool,
                      producer: tuple[str, int, int] | None, stream_seq: str | None) -> Appended:
         """One POST (section 5.2): checked and applied before any await, then
-        answered once durable."""
+        answered once durable. (Shared: one at a time a stream; one that
+        another worker's append beat to the log is checked again against the
+        log as it now stands, and made again.)"""
+        if not self.shared:
+            return await self._append(st, body, content_type=content_type, close=close, producer=producer,
+                                      stream_seq=stream_seq)
+        async with self._writing.setdefault(st.log_id, trio.Lock()):
+            for _ in range(MAX_CONFLICTS):
+                if self.logs.get(st.log_id) is not st:
+                    raise Refused(404, "unknown_stream", f"no stream {st.name!r}")
+                try:
+                    return await self._append(st, body, content_type=content_type, close=close,
+                                              producer=producer, stream_seq=stream_seq)
+                except SeqConflict:
+                    continue  # (on_reset folded the log again: decided anew)
+                except UnknownSession:
+                    raise Refused(404, "unknown_stream", f"no stream {st.name!r} (deleted meanwhile)") from None
+        raise Refused(503, "busy", f"stream {st.name!r}: other servers' appends came first {MAX_CONFLICTS} "
+                      "times: try again")
+
+    async def _append(self, st: StreamState, body: bytes, *, content_type: str | None, close: bool,
+                      producer: tuple[str, int, int] | None, stream_seq: str | None) -> Appended:
         if self.es.broken is not None:
             raise Refused(503, "store_broken", f"the streams' store failed: {self.es.broken}")
         if st.closed:
@@ -385,7 +453,7 @@ class StreamSpace:
         st.apply(Record(0, 0.0, ev))
         self._bytes[st.owner] = self._bytes.get(st.owner, 0) + (len(unit) + UNIT_COST if unit else 0)
         count = len(st.units)
-        self._access[st.log_id] = time.time()
+        self._access[st.log_id] = self._shared_access[st.log_id] = time.time()
         # (append_many enqueues before its first await: the record's place in
         # the log is this step's, as the state's change is)
         await self.es.append_many(st.log_id, [ev])
@@ -412,6 +480,14 @@ class StreamSpace:
     # -- delete ------------------------------------------------------------
 
     async def delete(self, owner: str, name: str) -> None:
+        for _ in range(MAX_CONFLICTS):
+            try:
+                return await self._delete(owner, name)
+            except SeqConflict:  # (shared: another worker's append came first; on_reset folded it)
+                continue
+        raise Refused(503, "busy", f"stream {name!r}: other servers' appends came first: try again")
+
+    async def _delete(self, owner: str, name: str) -> None:
         async with self._lifecycle:
             st = self.find(owner, name, touch=False)
             if st.refcount > 0:
@@ -433,20 +509,35 @@ class StreamSpace:
             self._soft.discard(log_id)
             st = self.logs.get(log_id)
             if st is not None and log_id not in self.damaged and self.es.broken is None:
-                await self.es.append_many(log_id, [StreamSoftDeleted()])
+                try:
+                    await self.es.append_many(log_id, [StreamSoftDeleted()])
+                except SeqConflict:  # (shared: another worker's append came first: again at once)
+                    if self.logs.get(log_id) is st:  # (its refold took the flag back: it is still meant)
+                        st.soft_deleted = True
+                        self._soft.add(log_id)
+                        self._wake.set()
+        # (a log stays doomed until its removal is done: a conflict's refold,
+        # on_reset, must not bring it back meanwhile)
         for log_id in sorted(self._doomed):
-            self._doomed.discard(log_id)
             if log_id not in self.es:
+                self._doomed.discard(log_id)
                 continue
             if log_id in self.damaged or self.es.corruption(log_id) is not None:
                 log.error("stream log %s is damaged: left for `sessionlog repair --root <data root>/streams %s`",
                           log_id, log_id)
+                self._doomed.discard(log_id)
                 continue
             try:
                 await self.es.append_many(log_id, [SessionDeleted()])
                 await self.es.remove(log_id)
+            except SeqConflict:  # (shared: another worker's append came first: again at once)
+                self._wake.set()
+                continue
+            except UnknownSession:
+                pass  # (shared: another worker removed it)
             except (EventStoreError, OSError) as e:
                 log.error("removing stream log %s failed: %s", log_id, e)
+            self._doomed.discard(log_id)
 
     # -- the sweeper -------------------------------------------------------
 
@@ -461,10 +552,101 @@ class StreamSpace:
                         self._expired(st)
                     self._wake = trio.Event()
                     await self._remove_doomed()
+                await self._write_touches()
             except (EventStoreError, OSError, RecursionError, ValueError) as e:  # never the server's end
                 log.error("the streams' sweep failed: %s (again at the next)", e)
             with trio.move_on_after(SWEEP_SECONDS):
                 await self._wake.wait()
+
+    async def _write_touches(self) -> None:
+        """(Shared) Write a touch (an empty append) for each TTL stream read
+        here a quarter of its TTL after the last access every worker knows
+        of: their expiry counts it. A failure is tried at the next read."""
+        touch, self._touch = self._touch, set()
+        for log_id in sorted(touch):
+            st = self.logs.get(log_id)
+            if st is None or st.soft_deleted or log_id in self.damaged:
+                continue  # (a closed stream takes a touch too: it changes nothing but its last access)
+            try:
+                async with self._writing.setdefault(log_id, trio.Lock()):
+                    await self.es.append_many(log_id, [StreamAppended(data=b"")])
+                self._shared_access[log_id] = time.time()
+            except (EventStoreError, OSError) as e:
+                log.info("stream %r: its touch was not written (%s)", st.name, e)
+
+    # -- other workers' records (shared) -----------------------------------
+
+    def on_remote(self, log_id: str, records: list[Record], told: bool) -> None:
+        """Another worker's records of a stream's log, as the tail brings them
+        (durable: readers see them at once). `told` False: a conflict's
+        refold had them (on_reset)."""
+        if not told:
+            return
+        for rec in records:
+            ev = rec.event
+            st = self.logs.get(log_id)
+            if isinstance(ev, StreamOpened):
+                if st is not None:  # (deleted and made again, the tombstone unseen)
+                    self._forget(st, doom=False)
+                self._adopt(log_id, [rec])
+            elif st is None:
+                continue
+            elif isinstance(ev, SessionDeleted):
+                self._forget(st, doom=False)
+            elif isinstance(ev, StreamSoftDeleted) and st.refcount <= 0:
+                self._forget(st)  # (its last fork went on a worker that did not know it deleted: removed here)
+            else:
+                before = st.cost
+                st.apply(rec)
+                self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
+                st.durable, st.ended = len(st.units), st.closed
+                self._access[log_id] = max(self._access.get(log_id, 0.0), rec.ts)
+                self._shared_access[log_id] = max(self._shared_access.get(log_id, 0.0), rec.ts)
+                self._notify(st)
+
+    def on_reset(self, log_id: str, records: list[Record], end: int) -> None:
+        """A conflict: this worker's appends to the log were refused (another
+        worker's came first); the stream is folded again from `records`, the
+        log as it now stands (none: it is gone)."""
+        st = self.logs.get(log_id)
+        if log_id in self._doomed:
+            return  # (removed here: its tombstone is tried again)
+        if not records or isinstance(records[-1].event, SessionDeleted):
+            if st is not None:
+                self._forget(st, doom=False)
+            return
+        if st is None:
+            self._adopt(log_id, records)
+            return
+        before = st.cost
+        st.refold(records, self.logs.get(st.forked_from) if st.forked_from is not None else None)
+        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
+        self._notify(st)
+
+    def _adopt(self, log_id: str, records: list[Record]) -> None:
+        """A stream another worker made (its log's records so far)."""
+        first = records[0].event
+        if not isinstance(first, StreamOpened):
+            log.warning("stream log %s does not start with its creation: not served", log_id)
+            return
+        st = StreamState.opened(log_id, first)
+        src = self.logs.get(st.forked_from) if st.forked_from is not None else None
+        if st.forked_from is not None:
+            if src is None:
+                log.warning("stream %r: its fork source's log %s is unknown here: not served", st.name, st.forked_from)
+                return
+            st.inherit(src)
+            src.refcount += 1
+        for rec in records[1:]:
+            st.apply(rec)
+        st.durable, st.ended = len(st.units), st.closed
+        old = self.streams.get((st.owner, st.name))
+        if old is not None and old is not st and not old.soft_deleted:
+            self._forget(old, doom=False)
+        self.streams[(st.owner, st.name)] = st
+        self.logs[log_id] = st
+        self._access[log_id] = self._shared_access[log_id] = max(r.ts for r in records)
+        self._counted(st, +1)
 
     async def settle_removals(self) -> None:
         """Write what an expiry decided (soft deletes, removals) before an

@@ -99,6 +99,7 @@ class Namespace:
         name = stream_name(req.path)
         if name is None:
             raise Refused(404, "unknown_stream", "no stream named")
+        await self.space.synced()  # (workers sharing the streams: what another acknowledged is known)
         method = req.method
         if method == "PUT":
             await self._create(ex, req, body, owner, name)

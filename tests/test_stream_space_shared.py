@@ -1,0 +1,311 @@
+"""The generic namespace on the JetStream backend (issue 27 item 2): two
+workers share every stream (server/scaleout/streamspace.py), on a real
+3-node cluster. A stream made on one is served by the other; an append on
+one wakes the other's live reader; both writing one stream end with one
+history; a producer's retry through the other worker is a duplicate and an
+append after the other's close is refused, also when that worker had not
+seen the other's record yet (its tail held: the conflict path); two making
+one name at once make one stream; a delete on one is seen on the other; a
+read on one slides the TTL for the other."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from sessionlog_store.projections.dstream import Refused
+from sessionlog_store.server.config import StoreConfig
+
+pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
+
+OWNER = "u1"
+
+
+@asynccontextmanager
+async def space(cluster, stream: str):  # type: ignore[no-untyped-def]
+    from sessionlog_store.server.scaleout.streamspace import open_shared_stream_space
+    async with open_shared_stream_space(StoreConfig(backend=tuple(cluster.urls), stream=stream)) as sp:
+        yield sp
+
+
+async def until(pred, within: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(within):
+        while not pred():
+            await trio.sleep(0.01)
+
+
+async def make(sp: Any, name: str, ctype: str = "text/plain", **kw: Any) -> Any:
+    args = {"content_type": ctype, "ttl": None, "expires_at": None, "closed": False, "data": b"", **kw}
+    return await sp.create(OWNER, name, **args)
+
+
+async def append(sp: Any, name: str, body: bytes, *, producer: tuple[str, int, int] | None = None,
+                 close: bool = False) -> Any:
+    st = sp.find(OWNER, name)
+    return await sp.append(st, body, content_type="text/plain" if body else None, close=close,
+                           producer=producer, stream_seq=None)
+
+
+def units(sp: Any, name: str) -> list[bytes]:
+    st = sp.streams[(OWNER, name)]
+    return st.units[:st.durable]
+
+
+def hold_tail(sp: Any) -> list[tuple[Any, ...]]:
+    """Hold the worker's tail (what other workers append reaches it only
+    when the list is handed back): a window widened on purpose."""
+    held: list[tuple[Any, ...]] = []
+    real = sp.es.tail._deliver
+
+    def tailed(*args: Any) -> None:
+        if sp.held:
+            held.append(args)
+        else:
+            real(*args)
+    sp.held = True
+    sp.es.tail._deliver = tailed
+
+    def release() -> None:
+        sp.held = False
+        for args in held:
+            real(*args)
+    sp.release = release
+    return held
+
+
+async def test_a_stream_made_on_one_worker_is_served_live_by_the_other(nats_cluster):
+    async with space(nats_cluster, "DSS1") as a, space(nats_cluster, "DSS1") as b:
+        st_a, made = await make(a, "notes", data=b"one ")
+        assert made
+        await until(lambda: (OWNER, "notes") in b.streams)
+        st_b = b.find(OWNER, "notes")
+        assert st_b.log_id == st_a.log_id and units(b, "notes") == [b"one "]
+        woken = b.changed(st_b)
+        await append(a, "notes", b"two")
+        with trio.fail_after(30):
+            await woken.wait()  # (a live reader on b)
+        assert units(b, "notes") == units(a, "notes") == [b"one ", b"two"]
+        assert st_b.visible_tail == st_a.visible_tail
+
+
+async def test_two_workers_writing_one_stream_end_with_one_history(nats_cluster):
+    async with space(nats_cluster, "DSS2") as a, space(nats_cluster, "DSS2") as b:
+        await make(a, "log")
+        await until(lambda: (OWNER, "log") in b.streams)
+
+        async def write(sp: Any, tag: str) -> None:
+            for i in range(30):
+                await append(sp, "log", f"{tag}{i};".encode())
+        async with trio.open_nursery() as n:
+            n.start_soon(write, a, "a")
+            n.start_soon(write, b, "b")
+        await until(lambda: len(units(a, "log")) == len(units(b, "log")) == 60)
+        assert units(a, "log") == units(b, "log")
+        got = units(a, "log")
+        assert sorted(got) == sorted([f"a{i};".encode() for i in range(30)] + [f"b{i};".encode() for i in range(30)])
+        assert [u for u in got if u.startswith(b"a")] == [f"a{i};".encode() for i in range(30)], "each in its order"
+        records = await a.es.read(a.streams[(OWNER, "log")].log_id)
+        assert len([r for r in records if getattr(r.event, "data", b"")]) == 60, "each append stored once"
+
+
+async def test_a_producer_retry_through_the_other_worker_is_a_duplicate_even_unseen(nats_cluster):
+    async with space(nats_cluster, "DSS3") as a, space(nats_cluster, "DSS3") as b:
+        await make(a, "p")
+        await until(lambda: (OWNER, "p") in b.streams)
+        hold_tail(b)  # b does not see a's append before its own
+        first = await append(a, "p", b"once", producer=("w", 0, 0))
+        assert first.status == 200
+        again = await append(b, "p", b"once", producer=("w", 0, 0))
+        assert again.status == 204, "a duplicate"
+        assert units(b, "p") == [b"once"] and b.es.conflicts >= 1
+        # an append after the other worker's close is refused, not written past it
+        await append(a, "p", b"", close=True)
+        with pytest.raises(Refused) as refused:
+            await append(b, "p", b"late")
+        assert refused.value.code == "stream_closed"
+        b.release()
+        await until(lambda: b.streams[(OWNER, "p")].ended)
+        assert units(a, "p") == units(b, "p") == [b"once"]
+
+
+async def test_two_workers_making_one_name_at_once_make_one_stream(nats_cluster):
+    async with space(nats_cluster, "DSS4") as a, space(nats_cluster, "DSS4") as b:
+        hold_tail(a)
+        hold_tail(b)
+        got: dict[str, Any] = {}
+
+        async def create(sp: Any, tag: str, ctype: str) -> None:
+            try:
+                got[tag] = (await make(sp, "same", ctype))[1]
+            except Refused as e:
+                got[tag] = e.code
+        async with trio.open_nursery() as n:
+            n.start_soon(create, a, "a", "text/plain")
+            n.start_soon(create, b, "b", "application/json")
+        assert sorted(map(str, got.values())) == ["True", "stream_exists"], got
+        a.release()
+        b.release()
+        winner = a if got["a"] is True else b
+        loser = b if winner is a else a
+        assert loser.streams[(OWNER, "same")].content_type == winner.streams[(OWNER, "same")].content_type
+        # and the same configuration made on both is one stream, found
+        hold_tail(a)
+        hold_tail(b)
+        async with trio.open_nursery() as n:
+            n.start_soon(create, a, "a", "text/plain")
+            n.start_soon(create, b, "b", "text/plain")
+        a.release()
+        b.release()
+        plain = winner.streams[(OWNER, "same")].content_type == "text/plain"
+        assert got == ({"a": False, "b": False} if plain else {"a": "stream_exists", "b": "stream_exists"}), got
+
+
+async def test_a_delete_on_one_worker_is_seen_on_the_other(nats_cluster):
+    async with space(nats_cluster, "DSS5") as a, space(nats_cluster, "DSS5") as b:
+        await make(a, "gone", data=b"x")
+        await until(lambda: (OWNER, "gone") in b.streams)
+        st_b = b.find(OWNER, "gone")
+        woken = b.changed(st_b)
+        await a.delete(OWNER, "gone")
+        with trio.fail_after(30):
+            await woken.wait()
+        with pytest.raises(Refused) as refused:
+            b.find(OWNER, "gone")
+        assert refused.value.status == 404
+        _, made = await make(b, "gone", data=b"again")  # the name is free on every worker
+        assert made
+        await until(lambda: (OWNER, "gone") in a.streams)
+        assert units(a, "gone") == [b"again"]
+
+
+async def test_a_read_on_one_worker_slides_the_ttl_for_the_other(nats_cluster):
+    async with space(nats_cluster, "DSS6") as a, space(nats_cluster, "DSS6") as b:
+        st, _ = await make(a, "ttl", ttl=4)
+        await until(lambda: (OWNER, "ttl") in b.streams)
+        log_id = st.log_id
+        seen = a._shared_access[log_id]
+        b._shared_access[log_id] -= 2  # (b's last touch as if 2 s ago: a read now is one past a quarter)
+        b.find(OWNER, "ttl")  # a read on b
+        await until(lambda: a._shared_access.get(log_id, 0.0) > seen)  # its touch reached a
+        assert a._access[log_id] >= b._access[log_id] - 1
+
+
+def test_workers_in_processes_a_sigkill_and_a_pause(nats_cluster, tmp_path):
+    """Two `serve` processes on one stream, over HTTP: a producer alternating
+    between them reads its own writes through either; after one is
+    SIGKILLed, its last acknowledged append is the other's duplicate and
+    everything acknowledged reads back whole; a worker paused (SIGSTOP)
+    while the other appends and closes answers from the log as it now
+    stands once resumed (SIGCONT): the append, the closure, a refusal of
+    what follows."""
+    import os
+    import signal
+
+    from .nats_cluster import _free_ports
+    from .test_scaleout import TOKEN, Worker
+    from .test_stream_space import call
+
+    def http(port: int, method: str, path: str, body: bytes = b"",
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        return call(port, method, path, body, headers, token=TOKEN)
+    one, two = (Worker(nats_cluster, tmp_path / f"w{i}", port, "DSSP") for i, port in enumerate(_free_ports(2)))
+    try:
+        one.start()
+        two.start()
+        text = {"Content-Type": "text/plain"}
+        assert http(one.port, "PUT", "/v1/stream/p", b"", text)[0] == 201
+        assert http(two.port, "PUT", "/v1/stream/p", b"", text)[0] == 200, "the same stream, found"
+        for i in range(10):
+            port = (one.port, two.port)[i % 2]
+            status, _, _ = http(port, "POST", "/v1/stream/p", f"{i};".encode(),
+                                {**text, "Producer-Id": "w", "Producer-Epoch": "0", "Producer-Seq": str(i)})
+            assert status == 200, (i, status)
+            status, _, body = http((two.port, one.port)[i % 2], "GET", "/v1/stream/p?offset=-1")
+            assert body.endswith(f"{i};".encode()), (i, body)  # read through the other worker
+        one.kill()  # (its last acknowledged append: the 9th, through two; the 8th through one)
+        status, _, _ = http(two.port, "POST", "/v1/stream/p", b"8;",
+                            {**text, "Producer-Id": "w", "Producer-Epoch": "0", "Producer-Seq": "8"})
+        assert status == 204, "a retry through the other worker is a duplicate"
+        whole = b"".join(f"{i};".encode() for i in range(10))
+        assert http(two.port, "GET", "/v1/stream/p?offset=-1")[2] == whole
+        one.start()
+        assert one.proc is not None
+        os.kill(one.proc.pid, signal.SIGSTOP)
+        try:
+            assert http(two.port, "POST", "/v1/stream/p", b"last", {**text, "Stream-Closed": "true"})[0] == 204
+        finally:
+            os.kill(one.proc.pid, signal.SIGCONT)
+        status, headers, body = http(one.port, "GET", "/v1/stream/p?offset=-1")
+        assert body == whole + b"last" and headers.get("stream-closed") == "true", (body, headers)
+        assert http(one.port, "POST", "/v1/stream/p", b"more", text)[0] == 409
+    finally:
+        one.stop()
+        two.stop()
+
+
+async def test_a_delete_racing_the_other_workers_append_removes_the_stream_everywhere(nats_cluster):
+    """The deleting worker had not seen the other's append: its tombstone is
+    refused for it, and tried again; the stream must not come back there
+    (the refusal's refold once made it a stream served from a removed log)."""
+    async with space(nats_cluster, "DSS7") as a, space(nats_cluster, "DSS7") as b:
+        await make(a, "s", data=b"x")
+        await until(lambda: (OWNER, "s") in b.streams)
+        hold_tail(a)
+        await append(b, "s", b"y")
+        await a.delete(OWNER, "s")
+        a.release()
+        await until(lambda: (OWNER, "s") not in b.streams)
+        await until(lambda: not a._doomed)
+        assert (OWNER, "s") not in a.streams and a._count.get(OWNER, 0) == 0 and a.es.conflicts >= 1
+        _, made = await make(a, "s", data=b"new")
+        assert made
+        await until(lambda: (OWNER, "s") in b.streams)
+        assert units(b, "s") == [b"new"]
+
+
+async def test_a_name_whose_deleter_died_before_purging_is_free(nats_cluster):
+    """A worker that appended a stream's tombstone and died before purging
+    its log (SIGKILL between the two) leaves the log ending with the
+    tombstone: a creation of the name on any worker purges it and makes
+    the stream (it was refused `busy` for good)."""
+    from sessionlog_store.eventstore.events import SessionDeleted
+    async with space(nats_cluster, "DSS8") as a, space(nats_cluster, "DSS8") as b:
+        st, _ = await make(a, "n", data=b"x")
+        await until(lambda: (OWNER, "n") in b.streams)
+        await a.es.append_many(st.log_id, [SessionDeleted()])  # (the tombstone, and no purge: a died here)
+        await until(lambda: (OWNER, "n") not in b.streams)
+        _, made = await make(b, "n", data=b"again")
+        assert made and units(b, "n") == [b"again"]
+        await until(lambda: (OWNER, "n") in a.streams and units(a, "n") == [b"again"])
+
+
+async def test_a_closed_streams_reads_on_one_worker_keep_it_alive_on_the_other(nats_cluster):
+    async with space(nats_cluster, "DSS9") as a, space(nats_cluster, "DSS9") as b:
+        st, _ = await make(a, "c", ttl=4, closed=True, data=b"done")
+        await until(lambda: (OWNER, "c") in b.streams)
+        seen = a._shared_access[st.log_id]
+        b._shared_access[st.log_id] -= 2
+        b.find(OWNER, "c")
+        await until(lambda: a._shared_access.get(st.log_id, 0.0) > seen)  # the touch of a closed stream
+        assert a.streams[(OWNER, "c")].closed and units(a, "c") == [b"done"]
+
+
+async def test_a_soft_delete_racing_the_last_forks_delete_elsewhere_frees_the_name(nats_cluster):
+    """A soft-deletes a source a fork reads while B, not knowing, deletes the
+    fork: the source must still go (its log was left forever, its name
+    refused on every worker)."""
+    async with space(nats_cluster, "DSS10") as a, space(nats_cluster, "DSS10") as b:
+        await make(a, "S", data=b"abc")
+        await make(a, "F", forked_from="S")
+        await until(lambda: (OWNER, "F") in b.streams)
+        hold_tail(b)
+        await a.delete(OWNER, "S")  # soft: F reads it
+        await b.delete(OWNER, "F")  # B thinks S is live
+        b.release()
+        await until(lambda: (OWNER, "S") not in a.streams and (OWNER, "S") not in b.streams)
+        await until(lambda: not a._doomed and not b._doomed)
+        assert not list(a.es.session_ids()), "every log removed"
+        _, made = await make(b, "S", data=b"new")
+        assert made
