@@ -309,3 +309,23 @@ async def test_a_soft_delete_racing_the_last_forks_delete_elsewhere_frees_the_na
         assert not list(a.es.session_ids()), "every log removed"
         _, made = await make(b, "S", data=b"new")
         assert made
+
+
+async def test_a_stream_made_again_as_a_fork_elsewhere_is_folded_as_the_new_one(nats_cluster):
+    """B appends to a stream that A deleted and made again as a fork (B saw
+    neither): B's append is refused, and B folds the new stream, its
+    source's data inherited (it was folded into the old one's state)."""
+    async with space(nats_cluster, "DSS11") as a, space(nats_cluster, "DSS11") as b:
+        await make(a, "src", data=b"from the source")
+        await make(a, "x", data=b"old")
+        await until(lambda: (OWNER, "x") in b.streams and (OWNER, "src") in b.streams)
+        hold_tail(b)
+        await a.delete(OWNER, "x")
+        await make(a, "x", forked_from="src")
+        with pytest.raises(Refused) as refused:
+            await append(b, "x", b"stale")
+        assert refused.value.status == 404
+        assert units(b, "x") == units(a, "x") == [b"from the source"]
+        b.release()
+        await append(b, "x", b"+new")
+        await until(lambda: units(a, "x") == [b"from the source", b"+new"])

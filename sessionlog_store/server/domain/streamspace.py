@@ -615,6 +615,10 @@ class StreamSpace:
             if st is not None:
                 self._forget(st, doom=False)
             return
+        first = records[0].event
+        if st is not None and isinstance(first, StreamOpened) and first.created_at != st.created_at:
+            self._forget(st, doom=False)  # (deleted and made again elsewhere: another stream, maybe another fork)
+            st = None
         if st is None:
             self._adopt(log_id, records)
             return
