@@ -78,18 +78,32 @@ def alternating_proxy(listener: socket.socket, ports: list[int]) -> Iterator[Non
     turn = itertools.cycle(ports)
     stop = threading.Event()
 
-    def pipe(src: socket.socket, dst: socket.socket) -> None:
+    def pipe(src: socket.socket, dst: socket.socket, mine: threading.Event, other: threading.Event) -> None:
+        """src to dst until src ends; if dst goes first (a server that
+        answered 413 and closed), src is read on and dropped until the other
+        way is done, as a lingering server does, so the answer reaches its
+        client."""
+        sending = True
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if sending:
+                    try:
+                        dst.sendall(data)
+                    except OSError:
+                        sending = False
+                elif other.is_set():
+                    break
         except OSError:
             pass
         finally:
-            for sock in (src, dst):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            mine.set()
+            if other.is_set():  # (both ways done)
+                src.close()
+                dst.close()
 
     def accept() -> None:
         while not stop.is_set():
@@ -98,8 +112,9 @@ def alternating_proxy(listener: socket.socket, ports: list[int]) -> Iterator[Non
             except OSError:
                 return
             backend = socket.create_connection(("127.0.0.1", next(turn)))
-            for a, b in ((client, backend), (backend, client)):
-                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+            up, down = threading.Event(), threading.Event()
+            threading.Thread(target=pipe, args=(client, backend, up, down), daemon=True).start()
+            threading.Thread(target=pipe, args=(backend, client, down, up), daemon=True).start()
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:

@@ -654,8 +654,9 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
             log.listeners.extend(listeners)
             start = await seed(log) + 1 if seed is not None and replay else 0
             with trio.fail_after(max(60.0, 6 * timeout)):
-                log.tail = Tail(bridge, js, stream, f"{prefix}.>", log.worker, log._tailed,
-                                lambda: bool(log.stream_listeners))
+                log.tail = Tail(bridge, js, stream, f"{prefix}.>", log.worker,
+                                lambda subject, data, seq, own: log._tailed(subject, data, seq, own),
+                                lambda: bool(log.stream_listeners))  # (looked up at each: tests hold it)
                 log.replayed = await log.tail.start(replay, start)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(log._commit)
