@@ -175,18 +175,25 @@ class StreamState:
             self.own_bytes += len(data)
             self.cost += len(data) + UNIT_COST
 
-    def refold(self, records: list[Record], source: StreamState | None) -> None:
+    @classmethod
+    def folded(cls, log_id: str, opened: StreamOpened, records: list[Record],
+               source: StreamState | None) -> StreamState:
+        """A stream folded from its log's records (`opened`: the first's
+        event; the rest follow it), its source's units inherited; every unit
+        is durable (the log holds it)."""
+        st = cls.opened(log_id, opened)
+        if source is not None and st.forked_from is not None:
+            st.inherit(source)
+        for rec in records[1:]:
+            st.apply(rec)
+        st.durable, st.ended = len(st.units), st.closed
+        return st
+
+    def refold(self, opened: StreamOpened, records: list[Record], source: StreamState | None) -> None:
         """Fold the stream again from its records as they now stand (another
         worker appended first: what this one applied of its own is void),
         in place (readers hold this object)."""
-        fresh = StreamState.opened(self.log_id, records[0].event) if records and \
-            isinstance(records[0].event, StreamOpened) else StreamState(self.log_id, self.name, self.owner,
-                                                                          self.content_type)
-        if source is not None and fresh.forked_from is not None:
-            fresh.inherit(source)
-        for rec in records[1:]:
-            fresh.apply(rec)
-        fresh.durable, fresh.ended = len(fresh.units), fresh.closed
+        fresh = StreamState.folded(self.log_id, opened, records, source)
         fresh.refcount = self.refcount
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(fresh, name))

@@ -619,11 +619,11 @@ class StreamSpace:
         if st is not None and isinstance(first, StreamOpened) and first.created_at != st.created_at:
             self._forget(st, doom=False)  # (deleted and made again elsewhere: another stream, maybe another fork)
             st = None
-        if st is None:
-            self._adopt(log_id, records)
+        if st is None or not isinstance(first, StreamOpened):
+            self._adopt(log_id, records)  # (or says why it cannot)
             return
         before = st.cost
-        st.refold(records, self.logs.get(st.forked_from) if st.forked_from is not None else None)
+        st.refold(first, records, self.logs.get(st.forked_from) if st.forked_from is not None else None)
         self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
         self._notify(st)
 
@@ -633,17 +633,14 @@ class StreamSpace:
         if not isinstance(first, StreamOpened):
             log.warning("stream log %s does not start with its creation: not served", log_id)
             return
-        st = StreamState.opened(log_id, first)
-        src = self.logs.get(st.forked_from) if st.forked_from is not None else None
-        if st.forked_from is not None:
-            if src is None:
-                log.warning("stream %r: its fork source's log %s is unknown here: not served", st.name, st.forked_from)
-                return
-            st.inherit(src)
+        src = self.logs.get(first.forked_from) if first.forked_from is not None else None
+        if first.forked_from is not None and src is None:
+            log.warning("stream %r: its fork source's log %s is unknown here: not served", first.name,
+                        first.forked_from)
+            return
+        st = StreamState.folded(log_id, first, records, src)
+        if src is not None:
             src.refcount += 1
-        for rec in records[1:]:
-            st.apply(rec)
-        st.durable, st.ended = len(st.units), st.closed
         old = self.streams.get((st.owner, st.name))
         if old is not None and old is not st and not old.soft_deleted:
             self._forget(old, doom=False)
