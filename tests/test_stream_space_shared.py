@@ -53,11 +53,13 @@ def units(sp: Any, name: str) -> list[bytes]:
     return st.units[:st.durable]
 
 
-def hold_tail(sp: Any) -> list[tuple[Any, ...]]:
+def hold_tail(sp: Any, *, position: bool = False) -> list[tuple[Any, ...]]:
     """Hold the worker's tail (what other workers append reaches it only
-    when the list is handed back): a window widened on purpose."""
+    when the list is handed back): a window widened on purpose. With
+    `position`, its place is held too (a catch-up waits for the release)."""
     held: list[tuple[Any, ...]] = []
-    real = sp.es.tail._deliver
+    attr = "_delivered" if position else "_deliver"
+    real = getattr(sp.es.tail, attr)
 
     def tailed(*args: Any) -> None:
         if sp.held:
@@ -65,7 +67,7 @@ def hold_tail(sp: Any) -> list[tuple[Any, ...]]:
         else:
             real(*args)
     sp.held = True
-    sp.es.tail._deliver = tailed
+    setattr(sp.es.tail, attr, tailed)
 
     def release() -> None:
         sp.held = False
@@ -305,7 +307,7 @@ async def test_a_soft_delete_racing_the_last_forks_delete_elsewhere_frees_the_na
         await b.delete(OWNER, "F")  # B thinks S is live
         b.release()
         await until(lambda: (OWNER, "S") not in a.streams and (OWNER, "S") not in b.streams)
-        await until(lambda: not a._doomed and not b._doomed)
+        await until(lambda: not a._doomed and not b._doomed and not a._unread and not b._unread)
         assert not list(a.es.session_ids()), "every log removed"
         _, made = await make(b, "S", data=b"new")
         assert made
@@ -329,3 +331,57 @@ async def test_a_stream_made_again_as_a_fork_elsewhere_is_folded_as_the_new_one(
         b.release()
         await append(b, "x", b"+new")
         await until(lambda: units(a, "x") == [b"from the source", b"+new"])
+
+
+async def test_a_fork_made_while_the_other_worker_deletes_its_source_keeps_it(nats_cluster):
+    """A makes a fork of a stream that B, not seeing the fork, deletes: the
+    fork holds (its link, a fenced touch of the source, came first), B's
+    soft delete is refused for it and made again, and B's removal waits
+    until it has caught up, so the fork is known and keeps its source,
+    soft-deleted, on both. (B once removed the source: the fork was served
+    by A only, its log leaked, its name refused elsewhere.)"""
+    async with space(nats_cluster, "DSS12") as a, space(nats_cluster, "DSS12") as b:
+        await make(a, "src", data=b"abc")
+        await until(lambda: (OWNER, "src") in b.streams)
+        hold_tail(b, position=True)
+        conflicts = b.es.conflicts
+        _, made = await make(a, "fork", forked_from="src")
+        assert made
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(b.delete, OWNER, "src")
+            await until(lambda: b.es.conflicts > conflicts)  # (its soft delete refused for the link)
+            b.release()
+        for sp in (a, b):
+            await until(lambda: (OWNER, "fork") in sp.streams and sp.streams[(OWNER, "src")].soft_deleted)
+            assert sp.streams[(OWNER, "src")].refcount == 1 and units(sp, "fork") == [b"abc"]
+            with pytest.raises(Refused) as gone:
+                sp.find(OWNER, "src")
+            assert gone.value.status == 410
+        await b.delete(OWNER, "fork")  # (the last fork: its source goes with it, everywhere)
+        for sp in (a, b):
+            await until(lambda: (OWNER, "src") not in sp.streams and not sp._unread and not sp._doomed)
+        await until(lambda: not list(a.es.session_ids()) and not list(b.es.session_ids()))  # (every log removed)
+        _, made = await make(a, "src", data=b"new")
+        assert made
+
+
+async def test_a_fork_whose_source_the_other_worker_deleted_first_is_refused_and_removed(nats_cluster):
+    """A, not seeing B's delete, makes a fork of the deleted stream: its
+    link is refused (the source's log ends with its removal), so the fork
+    is removed and A answers 404; the fork's name is free on both."""
+    async with space(nats_cluster, "DSS13") as a, space(nats_cluster, "DSS13") as b:
+        await make(a, "src", data=b"abc")
+        await until(lambda: (OWNER, "src") in b.streams)
+        hold_tail(a)
+        await b.delete(OWNER, "src")
+        with pytest.raises(Refused) as refused:
+            await make(a, "fork", forked_from="src")
+        assert refused.value.status == 404, refused.value
+        a.release()
+        for sp in (a, b):
+            await until(lambda: (OWNER, "fork") not in sp.streams and (OWNER, "src") not in sp.streams
+                        and not sp._doomed and not sp._unread)
+        await until(lambda: not list(a.es.session_ids()) and not list(b.es.session_ids()))
+        _, made = await make(b, "fork", data=b"mine")
+        assert made
+        await until(lambda: (OWNER, "fork") in a.streams and units(a, "fork") == [b"mine"])

@@ -601,8 +601,8 @@ class JetStreamLog:
         await self.bridge.run(lambda: js.purge_stream(stream, seq=last + 1, subject=subject))
         self._purged[session_id] = max(self._purged.get(session_id, 0), last)
         sess = self._sessions.get(session_id)
-        if sess is not None and sess.deleted:
-            del self._sessions[session_id]
+        if sess is not None and (sess.deleted or (not sess.pending and sess.last_seq <= records[-1].seq)):
+            del self._sessions[session_id]  # (its tombstone ours, or the tail's)
         return True
 
     async def remove(self, session_id: str) -> None:

@@ -95,7 +95,11 @@ class StreamSpace:
         self._changed: dict[str, trio.Event] = {}
         self._lifecycle = trio.Lock()
         self._doomed: set[str] = set()  # logs to remove (expired, deleted, left over)
-        self._soft: set[str] = set()    # expired under forks: their soft delete to write
+        self._soft: set[str] = set()    # expired under forks (shared: every expiry): their soft delete to write
+        # (shared) Soft-deleted streams no fork here reads: removed once this
+        # worker has caught up with the others (a fork made elsewhere before
+        # the soft delete is then known: its source stays).
+        self._unread: set[str] = set()
         self._wake = trio.Event()       # the sweeper has work
 
     # -- start -------------------------------------------------------------
@@ -179,7 +183,7 @@ class StreamSpace:
         st = self.streams.get((owner, name))
         if st is not None and self._expired(st):
             st = self.streams.get((owner, name))
-        if st is None:
+        if st is None or (st.soft_deleted and st.refcount <= 0):  # (shared: its removal under way)
             raise Refused(404, "unknown_stream", f"no stream {name!r}")
         if st.soft_deleted:
             raise Refused(410, "stream_gone", f"stream {name!r} was deleted (forks still read from it)")
@@ -200,7 +204,7 @@ class StreamSpace:
             return False  # (a damaged stream stays as it is until its repair)
         if st.soft_deleted:
             return True
-        if st.refcount > 0:
+        if st.refcount > 0 or self.shared:  # (shared: a fork made elsewhere may not be known here yet)
             st.soft_deleted = True
             self._soft.add(st.log_id)  # (its record: the sweeper's, at once)
             self._wake.set()
@@ -231,7 +235,10 @@ class StreamSpace:
             if src is not None:
                 src.refcount -= 1
                 if src.refcount <= 0 and src.soft_deleted:
-                    cur = src
+                    if self.shared:
+                        self._unread.add(src.log_id)  # (removed by the sweeper, once it is sure no fork came)
+                    else:
+                        cur = src
         self._wake.set()
 
     def _notify(self, st: StreamState) -> None:
@@ -303,6 +310,12 @@ class StreamSpace:
             existing = self.streams.get((owner, name))
             if existing is not None and self._expired(existing):
                 existing = self.streams.get((owner, name))
+            if existing is not None and existing.soft_deleted and existing.refcount <= 0:
+                if not await self._remove_unread(existing):  # (shared: its removal under way: done now)
+                    self._unread.add(existing.log_id)
+                existing = self.streams.get((owner, name))
+                if existing is not None and existing.soft_deleted and existing.refcount <= 0:
+                    raise Refused(503, "busy", f"stream {name!r} is being removed: try again")
             if existing is not None and existing.soft_deleted:
                 raise Refused(409, "stream_exists", f"stream {name!r} was deleted but forks still read from it: "
                               "its name is not free until they are gone")
@@ -364,7 +377,38 @@ class StreamSpace:
             self.logs[log_id] = st
             self._access[log_id] = self._shared_access[log_id] = time.time()
             self._counted(st, +1)
+            if self.shared and source is not None:
+                await self._link(st, source)
             return st, True
+
+    async def _link(self, fork: StreamState, source: StreamState) -> None:
+        """(Shared) A fork holds once linked: a touch of its source's log,
+        fenced, so that it is refused if the source's soft delete (or its
+        tombstone) came first; then the fork is removed and refused. A
+        delete of the source that comes after it finds the fork (see
+        _remove_unread)."""
+        for _ in range(MAX_CONFLICTS):
+            if self.logs.get(source.log_id) is not source or source.soft_deleted:
+                break
+            try:
+                async with self._writing.setdefault(source.log_id, trio.Lock()):
+                    await self.es.append_many(source.log_id, [StreamAppended(data=b"")])
+                self._shared_access[source.log_id] = time.time()
+                return
+            except SeqConflict:
+                continue  # (on_reset folded what came first: looked at again)
+            except UnknownSession:
+                break
+        else:
+            self._forget(fork)
+            await self._remove_doomed()
+            raise Refused(503, "busy", f"stream {source.name!r}: other servers' appends came first: try again")
+        removed = self.logs.get(source.log_id) is not source
+        self._forget(fork)  # (removed: a fork of a stream deleted at the same time)
+        await self._remove_doomed()
+        if removed:
+            raise Refused(404, "unknown_stream", f"no source stream {source.name!r} (deleted meanwhile)")
+        raise Refused(409, "stream_gone", f"source stream {source.name!r} was deleted")
 
     def _room(self, owner: str, size: int, *, new_stream: bool = False) -> None:
         """Refuse (429 limit_streams) what would take the owner past its share."""
@@ -378,7 +422,7 @@ class StreamSpace:
         st = self.streams.get((owner, name))
         if st is not None and self._expired(st):
             st = None
-        if st is None:
+        if st is None or (st.soft_deleted and st.refcount <= 0):
             raise Refused(404, "unknown_stream", f"no source stream {name!r}")
         if st.soft_deleted:
             raise Refused(409, "stream_gone", f"source stream {name!r} was deleted")
@@ -397,7 +441,7 @@ class StreamSpace:
                                       stream_seq=stream_seq)
         async with self._writing.setdefault(st.log_id, trio.Lock()):
             for _ in range(MAX_CONFLICTS):
-                if self.logs.get(st.log_id) is not st:
+                if self.logs.get(st.log_id) is not st or st.soft_deleted:  # (deleted while this one waited)
                     raise Refused(404, "unknown_stream", f"no stream {st.name!r}")
                 try:
                     return await self._append(st, body, content_type=content_type, close=close,
@@ -485,12 +529,21 @@ class StreamSpace:
                 return await self._delete(owner, name)
             except SeqConflict:  # (shared: another worker's append came first; on_reset folded it)
                 continue
+            except UnknownSession:  # (shared: another worker removed it meanwhile)
+                raise Refused(404, "unknown_stream", f"no stream {name!r}") from None
         raise Refused(503, "busy", f"stream {name!r}: other servers' appends came first: try again")
 
     async def _delete(self, owner: str, name: str) -> None:
         async with self._lifecycle:
             st = self.find(owner, name, touch=False)
-            if st.refcount > 0:
+            if self.shared:  # (soft first: a fork made elsewhere meanwhile keeps it, see _remove_unread)
+                async with self._writing.setdefault(st.log_id, trio.Lock()):
+                    await self.es.append_many(st.log_id, [StreamSoftDeleted()])
+                st.soft_deleted = True
+                self._notify(st)
+                if st.refcount <= 0 and not await self._remove_unread(st):
+                    self._unread.add(st.log_id)  # (the sweeper's)
+            elif st.refcount > 0:
                 await self.es.append_many(st.log_id, [StreamSoftDeleted()])
                 st.soft_deleted = True
                 if st.refcount == 0:  # (its last fork went meanwhile: an expiry)
@@ -510,12 +563,19 @@ class StreamSpace:
             st = self.logs.get(log_id)
             if st is not None and log_id not in self.damaged and self.es.broken is None:
                 try:
-                    await self.es.append_many(log_id, [StreamSoftDeleted()])
-                except SeqConflict:  # (shared: another worker's append came first: again at once)
-                    if self.logs.get(log_id) is st:  # (its refold took the flag back: it is still meant)
-                        st.soft_deleted = True
-                        self._soft.add(log_id)
-                        self._wake.set()
+                    async with self._writing.setdefault(log_id, trio.Lock()):
+                        await self.es.append_many(log_id, [StreamSoftDeleted()])
+                except SeqConflict:  # (shared: another worker's record came first, its refold took the flag back)
+                    if self.logs.get(log_id) is st and not st.soft_deleted:
+                        self._expired(st)  # (decided again: the other worker's access may have kept it)
+                except UnknownSession:
+                    pass  # (shared: another worker removed it; its tombstone reached on_remote)
+                if self.shared and self.logs.get(log_id) is st and st.soft_deleted and st.refcount <= 0:
+                    self._unread.add(log_id)
+        for log_id in sorted(self._unread):
+            st = self.logs.get(log_id)
+            if st is None or await self._remove_unread(st):
+                self._unread.discard(log_id)
         # (a log stays doomed until its removal is done: a conflict's refold,
         # on_reset, must not bring it back meanwhile)
         for log_id in sorted(self._doomed):
@@ -529,7 +589,10 @@ class StreamSpace:
                 continue
             try:
                 await self.es.append_many(log_id, [SessionDeleted()])
-                await self.es.remove(log_id)
+                if self.shared and self.purge_tombstoned is not None:
+                    await self.purge_tombstoned(log_id)  # (up to its tombstone: the name may be made again)
+                else:
+                    await self.es.remove(log_id)
             except SeqConflict:  # (shared: another worker's append came first: again at once)
                 self._wake.set()
                 continue
@@ -538,6 +601,40 @@ class StreamSpace:
             except (EventStoreError, OSError) as e:
                 log.error("removing stream log %s failed: %s", log_id, e)
             self._doomed.discard(log_id)
+
+    async def _remove_unread(self, st: StreamState) -> bool:
+        """(Shared) Remove a soft-deleted stream that no fork reads, once
+        every record the others acknowledged before is folded here. A fork
+        is made (its log) before it is linked (a touch of its source's log,
+        fenced: refused after the source's soft delete), so a fork that
+        holds is known by then, and keeps its source. The tombstone is
+        fenced too: refused (a record came first), it is decided again at
+        the next sweep; a catch-up that fails waits for it as well. False:
+        not decided yet (for the sweeper)."""
+        try:
+            with trio.fail_after(CATCH_UP_SECONDS):
+                if self.catch_up is not None:
+                    await self.catch_up()
+        except Exception as e:  # noqa: BLE001 - (an election): decided at the next sweep
+            log.info("stream %r: its removal waits to catch up with the other workers (%s)", st.name, e)
+            return False
+        if self.logs.get(st.log_id) is not st or not st.soft_deleted or st.refcount > 0:
+            return True
+        try:
+            async with self._writing.setdefault(st.log_id, trio.Lock()):
+                await self.es.append_many(st.log_id, [SessionDeleted()])
+        except SeqConflict:  # (on_reset folded what came first)
+            self._wake.set()
+            return False
+        except UnknownSession:
+            pass  # (another worker removed it)
+        self._forget(st, doom=False)
+        try:
+            if self.purge_tombstoned is not None:
+                await self.purge_tombstoned(st.log_id)
+        except Exception as e:  # noqa: BLE001 - (the name's next creation purges it: `create`)
+            log.warning("stream log %s: its purge failed (%s): done at the name's next creation", st.log_id, e)
+        return True
 
     # -- the sweeper -------------------------------------------------------
 
@@ -593,8 +690,6 @@ class StreamSpace:
                 continue
             elif isinstance(ev, SessionDeleted):
                 self._forget(st, doom=False)
-            elif isinstance(ev, StreamSoftDeleted) and st.refcount <= 0:
-                self._forget(st)  # (its last fork went on a worker that did not know it deleted: removed here)
             else:
                 before = st.cost
                 st.apply(rec)
@@ -603,6 +698,14 @@ class StreamSpace:
                 self._access[log_id] = max(self._access.get(log_id, 0.0), rec.ts)
                 self._shared_access[log_id] = max(self._shared_access.get(log_id, 0.0), rec.ts)
                 self._notify(st)
+                self._unread_if_so(st)
+
+    def _unread_if_so(self, st: StreamState) -> None:
+        """(Shared) A soft-deleted stream no fork here reads is for removal
+        (by every worker that sees it so: their fenced tombstones make one)."""
+        if st.soft_deleted and st.refcount <= 0:
+            self._unread.add(st.log_id)
+            self._wake.set()
 
     def on_reset(self, log_id: str, records: list[Record], end: int) -> None:
         """A conflict: this worker's appends to the log were refused (another
@@ -625,7 +728,11 @@ class StreamSpace:
         before = st.cost
         st.refold(first, records, self.logs.get(st.forked_from) if st.forked_from is not None else None)
         self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
+        last = max(r.ts for r in records)  # (another worker's access, for the expiry)
+        self._access[log_id] = max(self._access.get(log_id, 0.0), last)
+        self._shared_access[log_id] = max(self._shared_access.get(log_id, 0.0), last)
         self._notify(st)
+        self._unread_if_so(st)
 
     def _adopt(self, log_id: str, records: list[Record]) -> None:
         """A stream another worker made (its log's records so far)."""
@@ -635,8 +742,11 @@ class StreamSpace:
             return
         src = self.logs.get(first.forked_from) if first.forked_from is not None else None
         if first.forked_from is not None and src is None:
-            log.warning("stream %r: its fork source's log %s is unknown here: not served", first.name,
-                        first.forked_from)
+            # (the tail brings a source's creation before its forks': its
+            # removal came before this fork's creation, whose link then fails)
+            log.warning("stream %r: its fork source's log %s is gone: removed", first.name, first.forked_from)
+            self._doomed.add(log_id)
+            self._wake.set()
             return
         st = StreamState.folded(log_id, first, records, src)
         if src is not None:
@@ -648,6 +758,8 @@ class StreamSpace:
         self.logs[log_id] = st
         self._access[log_id] = self._shared_access[log_id] = max(r.ts for r in records)
         self._counted(st, +1)
+        self._doomed.discard(log_id)  # (made again after an orphan's removal was decided)
+        self._unread_if_so(st)
 
     async def settle_removals(self) -> None:
         """Write what an expiry decided (soft deletes, removals) before an
