@@ -55,7 +55,10 @@ def main() -> None:
         # Two test processes (pytest-xdist) unless told otherwise (-n 0: one):
         # the suite's subprocesses, servers and browsers fill two cores.
         workers = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in rest) else ["-n", "2"]
-        cmd = [str(BIN / "python"), "-m", "pytest", *workers, *rest]
+        # The slowest tests, named at the end of every run (CI's too): the
+        # suite is kept well under 10 minutes.
+        durations = [] if any(a.startswith("--durations") for a in rest) else ["--durations=25"]
+        cmd = [str(BIN / "python"), "-m", "pytest", *workers, *durations, *rest]
     os.chdir(ROOT)
     os.execv(cmd[0], cmd)
 
