@@ -19,7 +19,7 @@ import re
 from bisect import bisect_right
 from datetime import datetime
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 
@@ -249,6 +249,15 @@ class StreamState:
             raise Refused(400, "bad_fork_offset", "Stream-Fork-Sub-Offset: past the next append's bytes")
         return unit[:sub]
 
+    def made_alike(self, content_type: str, *, ttl: int | None, expires_at: str | None, closed: bool,
+                   source: StreamState | None, fork_offset: int | None, fork_sub: int) -> bool:
+        """Whether a creation asking for this finds this stream (an
+        idempotent PUT), rather than a 409."""
+        return (media_type(self.content_type) == media_type(content_type) and self.ttl == ttl
+                and self.expires_at == expires_at and self.closed == closed
+                and self.forked_from == (source.log_id if source is not None else None)
+                and (fork_offset is None or self.fork_offset == fork_offset) and self.fork_sub == fork_sub)
+
     def check_producer(self, pid: str, epoch: int, seq: int) -> ProducerVerdict:
         """The protocol's producer rules (section 5.2.1): accept, a duplicate,
         or Refused (403 stale epoch, 400 a new epoch not at 0, 409 a gap)."""
@@ -271,6 +280,44 @@ class StreamState:
             raise Refused(409, "producer_seq_gap", f"expected Producer-Seq {state.seq + 1}, got {seq}",
                           {"Producer-Expected-Seq": str(state.seq + 1), "Producer-Received-Seq": str(seq)})
         return "accept"
+
+
+class Creation(NamedTuple):
+    opened: StreamOpened
+    events: list[StreamOpened | StreamAppended]  # the log's first records
+    size: int  # the most the stream holds at its creation (the quota's measure)
+
+
+def creation(owner: str, name: str, content_type: str, *, ttl: int | None, expires_at: str | None, closed: bool,
+             data: bytes, source: StreamState | None, fork_offset: int | None, fork_sub: int,
+             now: float) -> Creation:
+    """What a stream's creation writes (a fork: at `fork_offset`, default
+    its source's end, with `fork_sub` of the next unit), or Refused 400
+    bad_fork_offset."""
+    start = 0
+    prefix = b""
+    if source is not None:
+        start = source.visible_tail if fork_offset is None else fork_offset
+        if start > source.visible_tail:
+            raise Refused(400, "bad_fork_offset", "Stream-Fork-Offset is beyond the source's end")
+        if start and start not in source.ends[:source.durable]:
+            raise Refused(400, "bad_fork_offset", "Stream-Fork-Offset is not an offset of the source")
+        if fork_sub:
+            prefix = source.sub_offset_unit(start, fork_sub)
+    unit = json_unit(data, create=True) if data and is_json(content_type) else data
+    inherited = 0
+    if source is not None:
+        n = bisect_right(source.ends, start, 0, source.durable)
+        inherited = sum(len(u) for u in source.units[:n]) + UNIT_COST * n
+    opened = StreamOpened(name=name, owner=owner, content_type=content_type, ttl=ttl, expires_at=expires_at,
+                          created_at=now, forked_from=source.log_id if source else None,
+                          fork_offset=start, fork_sub=fork_sub)
+    events: list[StreamOpened | StreamAppended] = [opened]
+    if prefix:
+        events.append(StreamAppended(data=prefix))
+    if unit or closed:
+        events.append(StreamAppended(data=unit, close=closed))
+    return Creation(opened, events, len(unit) + len(prefix) + 2 * UNIT_COST + inherited)
 
 
 def expiry_of(state: StreamState, last_access: float, *, shared: bool = False) -> float:

@@ -231,9 +231,35 @@ async def delete(opened: Opened, user: str, *, dry_run: bool = False) -> Outcome
     if dry_run:
         out.streams = [st.name for st in h.streams if not st.soft_deleted]
     else:
-        out.streams, problems = await opened.space.remove_owner(user, same=_same)
+        out.streams, problems = await remove_streams(opened.space, user)
         out.problems += problems
     return out
+
+
+async def remove_streams(space: StreamSpace, user: str) -> tuple[list[str], list[str]]:
+    """Delete every generic stream of `user`: forks before their sources,
+    so each goes whole. Returns the names deleted and what could not be
+    (damaged logs)."""
+    done: list[str] = []
+    problems: list[str] = []
+    while True:
+        mine = [st for st in space.streams.values() if _same(st.owner, user) and not st.soft_deleted
+                and st.refcount == 0 and st.log_id not in space.damaged]
+        if not mine:
+            break
+        for st in mine:
+            await space.delete(st.owner, st.name)
+            done.append(st.name)
+    for st in list(space.logs.values()):
+        if _same(st.owner, user) and st.log_id in space.damaged:
+            problems.append(f"stream {st.name!r} not deleted: its log is damaged ({space.damaged[st.log_id]}); "
+                            f"`sessionlog repair --root <data root>/streams {st.log_id}`, then delete again")
+        elif _same(st.owner, user) and not st.soft_deleted:
+            problems.append(f"stream {st.name!r} not deleted: a damaged fork of it still reads from it")
+    for log_id, why in space.unreadable.items():
+        problems.append(f"stream log {log_id}: damaged before its first record ({why}), its owner unknown: "
+                        f"`sessionlog repair --root <data root>/streams {log_id}`")
+    return done, problems
 
 
 async def transfer(opened: Opened, user: str, to: str, *, dry_run: bool = False) -> Outcome:

@@ -24,6 +24,7 @@ from sessionlog_store.server.edge.auth import AuthConfig, JwtConfig, make_authen
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits
 from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.gc_policy import tune_gc
+from sessionlog_store.server.domain.streamspace import StreamSpace
 from sessionlog_store.server.local.streamspace import open_stream_space
 from sessionlog_store.server.scaleout.streamspace import open_shared_stream_space
 
@@ -36,6 +37,7 @@ async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = 
                       on_ready: Callable[[Server], None] | None = None, fs: FileOps = OS_FILES) -> None:
     """Open the store (recovering first), serve until cancelled, shut down gracefully."""
     async with open_session_store(root, config=store_config, fs=fs) as store, AsyncExitStack() as stack:
+        space: StreamSpace
         if store_config is not None and store_config.backend:  # (the workers' shared streams)
             space = await stack.enter_async_context(open_shared_stream_space(store_config))
         else:

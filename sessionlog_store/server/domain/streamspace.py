@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import time
-from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, NamedTuple
 
@@ -41,8 +40,8 @@ from sessionlog_store.eventstore.errors import EventStoreError, SeqConflict, Ses
 from sessionlog_store.eventstore.events import SessionDeleted, StreamAppended, StreamOpened, StreamSoftDeleted
 from sessionlog_store.eventstore.ids import new_session_id
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.projections.dstream import (UNIT_COST, Refused, StreamState, encode_offset, expiry_of,
-                                                  is_json, json_unit, media_type, stream_log_id)
+from sessionlog_store.projections.dstream import (UNIT_COST, Refused, StreamState, creation, encode_offset,
+                                                  expiry_of, json_unit, media_type, stream_log_id)
 
 log = logging.getLogger("sessionlog.streams")
 
@@ -77,9 +76,9 @@ class StreamSpace:
         self.catch_up = catch_up
         # (shared) Purges a log that ends with its tombstone.
         self.purge_tombstoned = purge_tombstoned
-        # Workers share the log (JetStream: server/scaleout/streamspace.py):
-        # other workers' records come through `on_remote`, a conflict's
-        # refold through `on_reset`; a stream's appends go one at a time.
+        # Workers share the log (JetStream: SharedStreamSpace, in
+        # server/scaleout/streamspace.py, folds the other workers' records
+        # in); a stream's appends go one at a time.
         self.shared = shared
         self._writing: dict[str, trio.Lock] = {}  # (shared) a stream's append in flight
         self._shared_access: dict[str, float] = {}  # (shared) the last access every worker knows of
@@ -329,39 +328,15 @@ class StreamSpace:
             if source is not None and ttl is None and expires_at is None:
                 ttl, expires_at = source.ttl, source.expires_at
             if existing is not None:
-                same = (media_type(existing.content_type) == media_type(ctype) and existing.ttl == ttl
-                        and existing.expires_at == expires_at and existing.closed == closed
-                        and existing.forked_from == (source.log_id if source is not None else None)
-                        and (fork_offset is None or existing.fork_offset == fork_offset)
-                        and existing.fork_sub == fork_sub)
-                if not same:
+                if not existing.made_alike(ctype, ttl=ttl, expires_at=expires_at, closed=closed, source=source,
+                                           fork_offset=fork_offset, fork_sub=fork_sub):
                     raise Refused(409, "stream_exists", f"stream {name!r} exists with another configuration")
                 self._access[existing.log_id] = time.time()
                 return existing, False
-            start = 0
-            prefix = b""
-            if source is not None:
-                start = source.visible_tail if fork_offset is None else fork_offset
-                if start > source.visible_tail:
-                    raise Refused(400, "bad_fork_offset", "Stream-Fork-Offset is beyond the source's end")
-                if start and start not in source.ends[:source.durable]:
-                    raise Refused(400, "bad_fork_offset", "Stream-Fork-Offset is not an offset of the source")
-                if fork_sub:
-                    prefix = source.sub_offset_unit(start, fork_sub)
-            unit = json_unit(data, create=True) if data and is_json(ctype) else data
-            inherited = 0
-            if source is not None:
-                n = bisect_right(source.ends, start, 0, source.durable)
-                inherited = sum(len(u) for u in source.units[:n]) + UNIT_COST * n
-            self._room(owner, len(unit) + len(prefix) + 2 * UNIT_COST + inherited, new_stream=True)  # (at most)
-            opened = StreamOpened(name=name, owner=owner, content_type=ctype, ttl=ttl, expires_at=expires_at,
-                                  created_at=time.time(), forked_from=source.log_id if source else None,
-                                  fork_offset=start, fork_sub=fork_sub)
-            events: list[StreamOpened | StreamAppended] = [opened]
-            if prefix:
-                events.append(StreamAppended(data=prefix))
-            if unit or closed:
-                events.append(StreamAppended(data=unit, close=closed))
+            opened, events, size = creation(owner, name, ctype, ttl=ttl, expires_at=expires_at, closed=closed,
+                                            data=data, source=source, fork_offset=fork_offset, fork_sub=fork_sub,
+                                            now=time.time())
+            self._room(owner, size, new_stream=True)
             log_id = stream_log_id(owner, name) if self.shared else new_session_id()
             if log_id in self._doomed:  # (shared: this name's last stream, expired, its removal still to write)
                 await self._remove_doomed()
@@ -671,127 +646,12 @@ class StreamSpace:
             except (EventStoreError, OSError) as e:
                 log.info("stream %r: its touch was not written (%s)", st.name, e)
 
-    # -- other workers' records (shared) -----------------------------------
-
-    def on_remote(self, log_id: str, records: list[Record], told: bool) -> None:
-        """Another worker's records of a stream's log, as the tail brings them
-        (durable: readers see them at once). `told` False: a conflict's
-        refold had them (on_reset)."""
-        if not told:
-            return
-        for rec in records:
-            ev = rec.event
-            st = self.logs.get(log_id)
-            if isinstance(ev, StreamOpened):
-                if st is not None:  # (deleted and made again, the tombstone unseen)
-                    self._forget(st, doom=False)
-                self._adopt(log_id, [rec])
-            elif st is None:
-                continue
-            elif isinstance(ev, SessionDeleted):
-                self._forget(st, doom=False)
-            else:
-                before = st.cost
-                st.apply(rec)
-                self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
-                st.durable, st.ended = len(st.units), st.closed
-                self._access[log_id] = max(self._access.get(log_id, 0.0), rec.ts)
-                self._shared_access[log_id] = max(self._shared_access.get(log_id, 0.0), rec.ts)
-                self._notify(st)
-                self._unread_if_so(st)
-
-    def _unread_if_so(self, st: StreamState) -> None:
-        """(Shared) A soft-deleted stream no fork here reads is for removal
-        (by every worker that sees it so: their fenced tombstones make one)."""
-        if st.soft_deleted and st.refcount <= 0:
-            self._unread.add(st.log_id)
-            self._wake.set()
-
-    def on_reset(self, log_id: str, records: list[Record], end: int) -> None:
-        """A conflict: this worker's appends to the log were refused (another
-        worker's came first); the stream is folded again from `records`, the
-        log as it now stands (none: it is gone)."""
-        st = self.logs.get(log_id)
-        if log_id in self._doomed:
-            return  # (removed here: its tombstone is tried again)
-        if not records or isinstance(records[-1].event, SessionDeleted):
-            if st is not None:
-                self._forget(st, doom=False)
-            return
-        first = records[0].event
-        if st is not None and isinstance(first, StreamOpened) and first.created_at != st.created_at:
-            self._forget(st, doom=False)  # (deleted and made again elsewhere: another stream, maybe another fork)
-            st = None
-        if st is None or not isinstance(first, StreamOpened):
-            self._adopt(log_id, records)  # (or says why it cannot)
-            return
-        before = st.cost
-        st.refold(first, records, self.logs.get(st.forked_from) if st.forked_from is not None else None)
-        self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
-        last = max(r.ts for r in records)  # (another worker's access, for the expiry)
-        self._access[log_id] = max(self._access.get(log_id, 0.0), last)
-        self._shared_access[log_id] = max(self._shared_access.get(log_id, 0.0), last)
-        self._notify(st)
-        self._unread_if_so(st)
-
-    def _adopt(self, log_id: str, records: list[Record]) -> None:
-        """A stream another worker made (its log's records so far)."""
-        first = records[0].event
-        if not isinstance(first, StreamOpened):
-            log.warning("stream log %s does not start with its creation: not served", log_id)
-            return
-        src = self.logs.get(first.forked_from) if first.forked_from is not None else None
-        if first.forked_from is not None and src is None:
-            # (the tail brings a source's creation before its forks': its
-            # removal came before this fork's creation, whose link then fails)
-            log.warning("stream %r: its fork source's log %s is gone: removed", first.name, first.forked_from)
-            self._doomed.add(log_id)
-            self._wake.set()
-            return
-        st = StreamState.folded(log_id, first, records, src)
-        if src is not None:
-            src.refcount += 1
-        old = self.streams.get((st.owner, st.name))
-        if old is not None and old is not st and not old.soft_deleted:
-            self._forget(old, doom=False)
-        self.streams[(st.owner, st.name)] = st
-        self.logs[log_id] = st
-        self._access[log_id] = self._shared_access[log_id] = max(r.ts for r in records)
-        self._counted(st, +1)
-        self._doomed.discard(log_id)  # (made again after an orphan's removal was decided)
-        self._unread_if_so(st)
-
     async def settle_removals(self) -> None:
         """Write what an expiry decided (soft deletes, removals) before an
         answer says the stream is gone: a crash does not bring it back."""
         if self._soft or self._doomed:
             async with self._lifecycle:
                 await self._remove_doomed()
-
-    async def remove_owner(self, owner: str, *, same: Callable[[str, str], bool]) -> tuple[list[str], list[str]]:
-        """Delete every stream of an owner (offboarding): forks before their
-        sources, so each goes whole. Returns the names deleted and what
-        could not be (damaged logs)."""
-        done: list[str] = []
-        problems: list[str] = []
-        while True:
-            mine = [st for st in self.streams.values() if same(st.owner, owner) and not st.soft_deleted
-                    and st.refcount == 0 and st.log_id not in self.damaged]
-            if not mine:
-                break
-            for st in mine:
-                await self.delete(st.owner, st.name)
-                done.append(st.name)
-        for st in list(self.logs.values()):
-            if same(st.owner, owner) and st.log_id in self.damaged:
-                problems.append(f"stream {st.name!r} not deleted: its log is damaged ({self.damaged[st.log_id]}); "
-                                f"`sessionlog repair --root <data root>/streams {st.log_id}`, then delete again")
-            elif same(st.owner, owner) and not st.soft_deleted:
-                problems.append(f"stream {st.name!r} not deleted: a damaged fork of it still reads from it")
-        for log_id, why in self.unreadable.items():
-            problems.append(f"stream log {log_id}: damaged before its first record ({why}), its owner unknown: "
-                            f"`sessionlog repair --root <data root>/streams {log_id}`")
-        return done, problems
 
     def names(self, owner: str) -> Sequence[str]:
         return sorted(n for (o, n) in self.streams if o == owner)
