@@ -385,3 +385,95 @@ async def test_a_fork_whose_source_the_other_worker_deleted_first_is_refused_and
         _, made = await make(b, "fork", data=b"mine")
         assert made
         await until(lambda: (OWNER, "fork") in a.streams and units(a, "fork") == [b"mine"])
+
+
+async def test_a_refused_fork_of_a_name_made_again_leaves_the_new_streams_forks_counted(nats_cluster):
+    """A, behind, forks S after B deleted S and made the name again: the
+    fork is refused, and its removal must not count against the new S
+    (the same log id): a later fork of the new S keeps it when S is
+    deleted, on every worker and on one started afterwards."""
+    async with space(nats_cluster, "DSS14") as a, space(nats_cluster, "DSS14") as b:
+        await make(a, "S", data=b"old")
+        await until(lambda: (OWNER, "S") in b.streams)
+        hold_tail(a)
+        await b.delete(OWNER, "S")
+        await make(b, "S", data=b"new")
+        with pytest.raises(Refused) as refused:
+            await make(a, "F", forked_from="S")
+        assert refused.value.status == 404
+        a.release()
+        await until(lambda: (OWNER, "S") in a.streams and units(a, "S") == [b"new"])
+        assert a.streams[(OWNER, "S")].refcount == 0
+        await make(a, "G", forked_from="S")
+        await until(lambda: (OWNER, "G") in b.streams)
+        await a.delete(OWNER, "S")  # (soft: G reads it)
+        for sp in (a, b):
+            await until(lambda: sp.streams[(OWNER, "S")].soft_deleted)
+            assert sp.streams[(OWNER, "S")].refcount == 1 and units(sp, "G") == [b"new"]
+        async with space(nats_cluster, "DSS14") as d:
+            assert units(d, "G") == [b"new"] and d.streams[(OWNER, "S")].refcount == 1
+
+
+async def test_an_orphans_removal_racing_the_names_new_stream_folds_the_new_one(nats_cluster):
+    """C sees A's refused fork F (its source gone) and dooms it; B makes the
+    name F again before C's tombstone: C's tombstone is refused, and C must
+    fold the new F (it once served it nowhere and refused the name)."""
+    async with space(nats_cluster, "DSS15") as a, space(nats_cluster, "DSS15") as b, \
+            space(nats_cluster, "DSS15") as c:
+        await make(a, "S", data=b"abc")
+        await until(lambda: (OWNER, "S") in b.streams and (OWNER, "S") in c.streams)
+        real = c.es.tail._deliver
+        held = hold_tail(c)
+        hold_tail(a)
+        await b.delete(OWNER, "S")
+        with pytest.raises(Refused):
+            await make(a, "F", forked_from="S")
+        a.release()
+        await make(b, "F", data=b"mine")
+        f_log = b.streams[(OWNER, "F")].log_id
+        k = next(i for i, args in enumerate(held) if args[0].endswith(f_log)) + 1
+        for args in held[:k]:  # (up to the refused fork's creation: an orphan there)
+            real(*args)
+        assert f_log in c._doomed
+        await until(lambda: f_log not in c._doomed)  # (its tombstone refused: the new F folded)
+        c.held = False
+        for args in held[k:]:
+            real(*args)
+        await until(lambda: (OWNER, "F") in c.streams and units(c, "F") == [b"mine"])
+        assert units(a, "F") == [b"mine"]
+
+
+async def test_a_fork_of_a_fork_whose_link_is_then_refused_keeps_it(nats_cluster):
+    """A makes fork F of S and pauses before its link; meanwhile C deletes S
+    (soft: F reads it) and B forks F into G (G's link holds). A's link is
+    then refused: F is deleted as a delete does, soft, since G reads it,
+    and G keeps its data on every worker and on one started afterwards."""
+    async with space(nats_cluster, "DSS16") as a, space(nats_cluster, "DSS16") as b, \
+            space(nats_cluster, "DSS16") as c:
+        await make(a, "S", data=b"abc")
+        await until(lambda: (OWNER, "S") in b.streams and (OWNER, "S") in c.streams)
+        gate = trio.Event()
+        link = a._link
+
+        async def paused_link(fork: Any, source: Any) -> None:
+            await gate.wait()  # (a pause between F's creation and its link)
+            await link(fork, source)
+        a._link = paused_link
+
+        async def fork_f() -> None:
+            with pytest.raises(Refused) as refused:
+                await make(a, "F", forked_from="S")
+            assert refused.value.status == 409
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fork_f)
+            await until(lambda: (OWNER, "F") in b.streams and (OWNER, "F") in c.streams)
+            await c.delete(OWNER, "S")
+            await until(lambda: b.streams[(OWNER, "S")].soft_deleted)
+            _, made = await make(b, "G", forked_from="F")
+            assert made
+            gate.set()
+        for sp in (a, b, c):
+            await until(lambda: (OWNER, "G") in sp.streams and sp.streams[(OWNER, "F")].soft_deleted)
+            assert units(sp, "G") == [b"abc"] and sp.streams[(OWNER, "F")].refcount == 1
+        async with space(nats_cluster, "DSS16") as d:
+            assert units(d, "G") == [b"abc"]

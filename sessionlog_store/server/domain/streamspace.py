@@ -94,6 +94,9 @@ class StreamSpace:
         self._changed: dict[str, trio.Event] = {}
         self._lifecycle = trio.Lock()
         self._doomed: set[str] = set()  # logs to remove (expired, deleted, left over)
+        # A fork's log id: its source (the object: on a shared backend a
+        # name's log id is the same for a stream made again under it).
+        self._source_of: dict[str, StreamState] = {}
         self._soft: set[str] = set()    # expired under forks (shared: every expiry): their soft delete to write
         # (shared) Soft-deleted streams no fork here reads: removed once this
         # worker has caught up with the others (a fork made elsewhere before
@@ -147,7 +150,7 @@ class StreamSpace:
                     self._doomed.add(st.log_id)
                     continue
                 st.inherit(src)
-                src.refcount += 1
+                self._forked(st, src)
             done.add(st.log_id)
             key = (st.owner, st.name)
             old = self.streams.get(key)
@@ -229,16 +232,20 @@ class StreamSpace:
             self._notify(cur)
             if doom or cur is not st:
                 self._doomed.add(cur.log_id)
-            src = self.logs.get(cur.forked_from) if cur.forked_from is not None else None
+            src = self._source_of.pop(cur.log_id, None)
             cur = None
             if src is not None:
                 src.refcount -= 1
-                if src.refcount <= 0 and src.soft_deleted:
+                if src.refcount <= 0 and src.soft_deleted and self.logs.get(src.log_id) is src:
                     if self.shared:
                         self._unread.add(src.log_id)  # (removed by the sweeper, once it is sure no fork came)
                     else:
                         cur = src
         self._wake.set()
+
+    def _forked(self, fork: StreamState, source: StreamState) -> None:
+        source.refcount += 1
+        self._source_of[fork.log_id] = source
 
     def _notify(self, st: StreamState) -> None:
         ev = self._changed.pop(st.log_id, None)
@@ -344,7 +351,7 @@ class StreamSpace:
             st = StreamState.opened(log_id, opened)
             if source is not None:
                 st.inherit(source)
-                source.refcount += 1
+                self._forked(st, source)
             for a in appended[1:]:
                 st.apply(a.record)
             st.durable, st.ended = len(st.units), st.closed
@@ -375,15 +382,29 @@ class StreamSpace:
             except UnknownSession:
                 break
         else:
-            self._forget(fork)
-            await self._remove_doomed()
+            await self._unmake(fork)
             raise Refused(503, "busy", f"stream {source.name!r}: other servers' appends came first: try again")
         removed = self.logs.get(source.log_id) is not source
-        self._forget(fork)  # (removed: a fork of a stream deleted at the same time)
-        await self._remove_doomed()
+        await self._unmake(fork)  # (a fork of a stream deleted at the same time)
         if removed:
             raise Refused(404, "unknown_stream", f"no source stream {source.name!r} (deleted meanwhile)")
         raise Refused(409, "stream_gone", f"source stream {source.name!r} was deleted")
+
+    async def _unmake(self, fork: StreamState) -> None:
+        """(Shared) Delete a fork whose link was refused, as a delete does:
+        another worker may have forked it already (it is served once made),
+        and that fork keeps it."""
+        for _ in range(MAX_CONFLICTS):
+            if self.logs.get(fork.log_id) is not fork or fork.soft_deleted:
+                return
+            try:
+                return await self._withdraw(fork)
+            except SeqConflict:
+                continue  # (on_reset folded what came first)
+            except UnknownSession:
+                return  # (another worker removed it)
+        log.error("stream %r: a fork whose link was refused could not be deleted: other servers' appends "
+                  "came first %d times", fork.name, MAX_CONFLICTS)
 
     def _room(self, owner: str, size: int, *, new_stream: bool = False) -> None:
         """Refuse (429 limit_streams) what would take the owner past its share."""
@@ -511,13 +532,8 @@ class StreamSpace:
     async def _delete(self, owner: str, name: str) -> None:
         async with self._lifecycle:
             st = self.find(owner, name, touch=False)
-            if self.shared:  # (soft first: a fork made elsewhere meanwhile keeps it, see _remove_unread)
-                async with self._writing.setdefault(st.log_id, trio.Lock()):
-                    await self.es.append_many(st.log_id, [StreamSoftDeleted()])
-                st.soft_deleted = True
-                self._notify(st)
-                if st.refcount <= 0 and not await self._remove_unread(st):
-                    self._unread.add(st.log_id)  # (the sweeper's)
+            if self.shared:
+                await self._withdraw(st)
             elif st.refcount > 0:
                 await self.es.append_many(st.log_id, [StreamSoftDeleted()])
                 st.soft_deleted = True
@@ -576,6 +592,18 @@ class StreamSpace:
             except (EventStoreError, OSError) as e:
                 log.error("removing stream log %s failed: %s", log_id, e)
             self._doomed.discard(log_id)
+
+    async def _withdraw(self, st: StreamState) -> None:
+        """(Shared) A delete: its soft-delete record (fenced: SeqConflict if
+        another worker's record came first, which on_reset folded), then the
+        removal if no fork reads it once this worker has caught up (a fork
+        made elsewhere meanwhile keeps it: _remove_unread)."""
+        async with self._writing.setdefault(st.log_id, trio.Lock()):
+            await self.es.append_many(st.log_id, [StreamSoftDeleted()])
+        st.soft_deleted = True
+        self._notify(st)
+        if st.refcount <= 0 and not await self._remove_unread(st):
+            self._unread.add(st.log_id)  # (the sweeper's)
 
     async def _remove_unread(self, st: StreamState) -> bool:
         """(Shared) Remove a soft-deleted stream that no fork reads, once

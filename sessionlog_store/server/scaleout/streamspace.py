@@ -36,6 +36,7 @@ class SharedStreamSpace(StreamSpace):
 
     def __init__(self, es: JetStreamLog) -> None:
         super().__init__(es, shared=True, catch_up=es.caught_up, purge_tombstoned=es.purge_tombstoned)
+        self._orphans: dict[str, float] = {}  # log id: the creation time of the orphan fork doomed there
         es.remote_listeners.append(self.on_remote)
         es.reset_listeners.append(self.on_reset)
 
@@ -78,13 +79,15 @@ class SharedStreamSpace(StreamSpace):
         worker's came first); the stream is folded again from `records`, the
         log as it now stands (none: it is gone)."""
         st = self.logs.get(log_id)
+        first = records[0].event if records else None
         if log_id in self._doomed:
-            return  # (removed here: its tombstone is tried again)
+            if not (isinstance(first, StreamOpened) and first.created_at != self._orphans.get(log_id)):
+                return  # (removed here: its tombstone is tried again)
+            self._doomed.discard(log_id)  # (an orphan's name made again: the new stream is folded)
         if not records or isinstance(records[-1].event, SessionDeleted):
             if st is not None:
                 self._forget(st, doom=False)
             return
-        first = records[0].event
         if st is not None and isinstance(first, StreamOpened) and first.created_at != st.created_at:
             self._forget(st, doom=False)  # (deleted and made again elsewhere: another stream, maybe another fork)
             st = None
@@ -92,7 +95,7 @@ class SharedStreamSpace(StreamSpace):
             self._adopt(log_id, records)  # (or says why it cannot)
             return
         before = st.cost
-        st.refold(first, records, self.logs.get(st.forked_from) if st.forked_from is not None else None)
+        st.refold(first, records, self._source_of.get(log_id))
         self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
         last = max(r.ts for r in records)  # (another worker's access, for the expiry)
         self._access[log_id] = max(self._access.get(log_id, 0.0), last)
@@ -112,11 +115,12 @@ class SharedStreamSpace(StreamSpace):
             # removal came before this fork's creation, whose link then fails)
             log.warning("stream %r: its fork source's log %s is gone: removed", first.name, first.forked_from)
             self._doomed.add(log_id)
+            self._orphans[log_id] = first.created_at
             self._wake.set()
             return
         st = StreamState.folded(log_id, first, records, src)
         if src is not None:
-            src.refcount += 1
+            self._forked(st, src)
         old = self.streams.get((st.owner, st.name))
         if old is not None and old is not st and not old.soft_deleted:
             self._forget(old, doom=False)
@@ -125,6 +129,7 @@ class SharedStreamSpace(StreamSpace):
         self._access[log_id] = self._shared_access[log_id] = max(r.ts for r in records)
         self._counted(st, +1)
         self._doomed.discard(log_id)  # (made again after an orphan's removal was decided)
+        self._orphans.pop(log_id, None)
         self._unread_if_so(st)
 
 
