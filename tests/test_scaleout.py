@@ -197,3 +197,36 @@ def test_serve_refuses_a_single_copy_and_unsynced_servers(nats_cluster, tmp_path
         assert "sync_interval: always" in r.stderr and "--nats-accept-unsynced" in r.stderr
     finally:
         lax.stop()
+
+
+def test_a_node_whose_jetstream_is_not_up_yet_is_waited_for_not_refused():
+    """A starting node's monitor answers before its JetStream is up (no
+    JetStream config in /varz yet): a start once exited 3 on it as
+    "unsynced" (seen beside CPU hogs). It counts as not answering yet; a
+    node that is up and unsynced is still refused (the test above)."""
+    import http.server
+    import threading
+    from sessionlog_store.server.natscheck import ServersUnfit, check_one
+    answer = {"body": b'{"version": "2.15.1", "jetstream": {}}'}
+
+    class Varz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        def log_message(self, *args: object) -> None:
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Varz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert check_one(url) is False
+        answer["body"] = b'{"version": "2.15.1", "jetstream": {"config": {"store_dir": "/d"}}}'
+        with pytest.raises(ServersUnfit):
+            check_one(url)
+        answer["body"] = b'{"version": "2.15.1", "jetstream": {"config": {"store_dir": "/d", "sync_always": true}}}'
+        assert check_one(url) is True
+    finally:
+        server.shutdown()
+        server.server_close()

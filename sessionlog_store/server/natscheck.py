@@ -41,6 +41,8 @@ def check_one(url: str) -> bool:
     except (OSError, ValueError):
         return False
     config = (v.get("jetstream") or {}).get("config") or {}
+    if not config.get("store_dir"):
+        return False  # (a node still starting: its monitor answers before its JetStream is up)
     if not config.get("sync_always"):
         raise ServersUnfit(f"the NATS server at {url} (version {v.get('version', '?')}) does not fsync before "
                            "it acknowledges: set `jetstream { sync_interval: always }` (nats-server 2.10 or "
