@@ -54,7 +54,10 @@ def main() -> None:
     else:
         # Two test processes (pytest-xdist) unless told otherwise (-n 0: one):
         # the suite's subprocesses, servers and browsers fill two cores.
-        workers = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in rest) else ["-n", "2"]
+        # (worksteal: a process that is done takes tests queued for the other,
+        # so the long ones do not end the run on one process alone)
+        workers = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in rest) \
+            else ["-n", "2", "--dist", "worksteal"]
         # The slowest tests, named at the end of every run (CI's too): the
         # suite is kept well under 10 minutes.
         durations = [] if any(a.startswith("--durations") for a in rest) else ["--durations=25"]
