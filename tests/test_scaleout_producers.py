@@ -100,6 +100,7 @@ def test_producers_on_a_shared_stream_stop_lose_and_fence(workers):
     until(lambda: message(one.port, sid, rid)["status"] == "aborted")
     status, _, body = text(one.port, stream, " more")
     assert status == 409 and json.loads(body)["error"]["code"] == "message_finished"
+    until(lambda: message(two.port, sid, rid)["status"] == "aborted")  # (two folds one's finalize from its tail)
     m = message(two.port, sid, rid)
     assert (m["content"], m["metadata"]["aborted_reason"]) == ("hello world", "stopped by user")
     # a producer that goes silent past --producer-timeout loses its reply, once

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from sessionlog_store.projections.dstream import Refused
+from sessionlog_store.projections.dstream import Refused, stream_log_id
 from sessionlog_store.server.config import StoreConfig
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
@@ -327,8 +327,10 @@ async def test_a_stream_made_again_as_a_fork_elsewhere_is_folded_as_the_new_one(
         with pytest.raises(Refused) as refused:
             await append(b, "x", b"stale")
         assert refused.value.status == 404
-        assert units(b, "x") == units(a, "x") == [b"from the source"]
+        assert (OWNER, "x") not in b.streams, "a fork is served once its link is seen"
         b.release()
+        await until(lambda: (OWNER, "x") in b.streams)
+        assert units(b, "x") == units(a, "x") == [b"from the source"]
         await append(b, "x", b"+new")
         await until(lambda: units(a, "x") == [b"from the source", b"+new"])
 
@@ -443,22 +445,24 @@ async def test_an_orphans_removal_racing_the_names_new_stream_folds_the_new_one(
         assert units(a, "F") == [b"mine"]
 
 
-async def test_a_fork_of_a_fork_whose_link_is_then_refused_keeps_it(nats_cluster):
-    """A makes fork F of S and pauses before its link; meanwhile C deletes S
-    (soft: F reads it) and B forks F into G (G's link holds). A's link is
-    then refused: F is deleted as a delete does, soft, since G reads it,
-    and G keeps its data on every worker and on one started afterwards."""
+async def test_a_fork_not_linked_yet_is_served_nowhere_and_goes_whole_when_refused(nats_cluster):
+    """A makes fork F of S and pauses before its link. Meanwhile the other
+    workers neither serve F (no read, no append, no fork of it: each would
+    be lost with F) nor free S: C's delete of S keeps it (soft: F counts).
+    A's link is then refused: F is removed everywhere, and S with it. (F
+    was served before its link: a fork of it and an append to it, both
+    acknowledged, were lost.)"""
     async with space(nats_cluster, "DSS16") as a, space(nats_cluster, "DSS16") as b, \
             space(nats_cluster, "DSS16") as c:
         await make(a, "S", data=b"abc")
         await until(lambda: (OWNER, "S") in b.streams and (OWNER, "S") in c.streams)
         gate = trio.Event()
-        link = a._link
+        made = a._fork_made
 
-        async def paused_link(fork: Any, source: Any) -> None:
+        async def paused(fork: Any, source: Any) -> None:
             await gate.wait()  # (a pause between F's creation and its link)
-            await link(fork, source)
-        a._link = paused_link
+            await made(fork, source)
+        a._fork_made = paused
 
         async def fork_f() -> None:
             with pytest.raises(Refused) as refused:
@@ -466,14 +470,82 @@ async def test_a_fork_of_a_fork_whose_link_is_then_refused_keeps_it(nats_cluster
             assert refused.value.status == 409
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fork_f)
-            await until(lambda: (OWNER, "F") in b.streams and (OWNER, "F") in c.streams)
+            f_log = stream_log_id(OWNER, "F")
+            await until(lambda: f_log in b.logs and f_log in c.logs)  # (made, not linked)
+            for sp in (b, c):
+                with pytest.raises(Refused) as refused:
+                    sp.find(OWNER, "F")  # (nor an append to it)
+                assert refused.value.status == 404
+                with pytest.raises(Refused) as refused:
+                    await make(sp, "G", forked_from="F")
+                assert refused.value.status == 404
+                with pytest.raises(Refused) as refused:
+                    await make(sp, "F", forked_from="S")  # (its maker's answer is not given yet)
+                assert refused.value.status == 503
             await c.delete(OWNER, "S")
             await until(lambda: b.streams[(OWNER, "S")].soft_deleted)
-            _, made = await make(b, "G", forked_from="F")
-            assert made
+            assert b.streams[(OWNER, "S")].refcount == c.streams[(OWNER, "S")].refcount == 1
             gate.set()
         for sp in (a, b, c):
-            await until(lambda: (OWNER, "G") in sp.streams and sp.streams[(OWNER, "F")].soft_deleted)
-            assert units(sp, "G") == [b"abc"] and sp.streams[(OWNER, "F")].refcount == 1
-        async with space(nats_cluster, "DSS16") as d:
-            assert units(d, "G") == [b"abc"]
+            await until(lambda: (OWNER, "S") not in sp.streams and f_log not in sp.logs and not sp._unread)
+        await until(lambda: not any(sp.es.session_ids() for sp in (a, b, c)))
+
+
+async def test_an_expiry_decided_before_another_workers_append_is_decided_again(nats_cluster):
+    """A decides a TTL stream expired (its soft delete not written yet: a
+    create holds the sweeper back) and then folds B's acknowledged append:
+    the expiry is decided again from that access, and the stream stays on
+    both (the soft delete was written after the append, fenced past it,
+    and the append lost with the stream)."""
+    async with space(nats_cluster, "DSS17") as a, space(nats_cluster, "DSS17") as b:
+        st, _ = await make(a, "S", ttl=60, data=b"abc")
+        await until(lambda: (OWNER, "S") in b.streams)
+        async with a._lifecycle:  # (as a create or a delete in flight holds it)
+            a._access[st.log_id] -= 200  # (A's view: idle past the TTL and its grace)
+            with pytest.raises(Refused):
+                a.find(OWNER, "S")
+            assert st.log_id in a._soft
+            await append(b, "S", b"acknowledged")
+            await until(lambda: units(a, "S") == [b"abc", b"acknowledged"])
+        a._wake.set()
+        await until(lambda: st.log_id not in a._soft)
+        await a.settle_removals()
+        assert not a.streams[(OWNER, "S")].soft_deleted and a.find(OWNER, "S") is a.streams[(OWNER, "S")]
+        assert units(b, "S") == [b"abc", b"acknowledged"] and not b.streams[(OWNER, "S")].soft_deleted
+
+
+async def test_a_fork_whose_maker_stalls_past_its_link_time_is_dropped_and_its_late_link_refused(nats_cluster):
+    """A makes fork F of S and stalls before its link: after LINK_SECONDS B
+    drops F (a record in S's log, then F's log removed), S no longer counts
+    it, and the name is free; A's link, once it runs, is refused for the
+    drop (503: try again), and F does not come back."""
+    from sessionlog_store.server.scaleout.streamspace import LINK_SECONDS
+    async with space(nats_cluster, "DSS18") as a, space(nats_cluster, "DSS18") as b:
+        await make(a, "S", data=b"abc")
+        await until(lambda: (OWNER, "S") in b.streams)
+        gate = trio.Event()
+        made = a._fork_made
+
+        async def paused(fork: Any, source: Any) -> None:
+            await gate.wait()
+            await made(fork, source)
+        a._fork_made = paused
+
+        async def fork_f() -> None:
+            with pytest.raises(Refused) as refused:
+                await make(a, "F", forked_from="S")
+            assert refused.value.status == 503, refused.value
+        f_log = stream_log_id(OWNER, "F")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fork_f)
+            await until(lambda: f_log in b._pending)
+            assert b.streams[(OWNER, "S")].refcount == 1
+            b._pending[f_log] -= LINK_SECONDS + 1  # (its link time past)
+            b._wake.set()
+            await until(lambda: f_log not in b.logs and b.streams[(OWNER, "S")].refcount == 0)
+            gate.set()
+        await until(lambda: f_log not in a.logs and a.streams[(OWNER, "S")].refcount == 0)
+        await until(lambda: f_log not in a.es.session_ids() and f_log not in b.es.session_ids())
+        _, made_again = await make(b, "F", data=b"mine")
+        assert made_again
+        await until(lambda: (OWNER, "F") in a.streams and units(a, "F") == [b"mine"])

@@ -199,6 +199,9 @@ class StreamOpened(BaseEvent, tag="ds_opened", frozen=True):
     forked_from: str | None = None
     fork_offset: int = 0
     fork_sub: int = 0
+    # (shared backend) the source's created_at: a name deleted and made
+    # again keeps its log id, and a fork of the old one is not the new one's
+    source_created: float | None = None
 
 
 class StreamAppended(BaseEvent, tag="ds_appended", frozen=True):
@@ -216,10 +219,19 @@ class StreamSoftDeleted(BaseEvent, tag="ds_gone", frozen=True):
     """Deleted while forks still read from it: gone to clients, kept for them."""
 
 
+class StreamForkLinked(BaseEvent, tag="ds_link", frozen=True):
+    """(Shared backend) In a source's log: its fork (the fork's log id and
+    created_at) holds, and is served from now on; `dropped`: it never will
+    (its maker did not link it in time: its log is removed)."""
+    fork: str
+    created_at: float
+    dropped: bool = False
+
+
 Event = (SessionCreated | MessageCreated | MessageProgress | MessageProgressV1 | MessageFinalized | SessionRenamed
          | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | OwnerChanged | SessionDeleted
          | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted
-         | StreamOpened | StreamAppended | StreamSoftDeleted)
+         | StreamOpened | StreamAppended | StreamSoftDeleted | StreamForkLinked)
 
 EVENT_ENCODER: Final = msgspec.json.Encoder()
 EVENT_DECODER: Final = msgspec.json.Decoder(Event)

@@ -311,7 +311,8 @@ def creation(owner: str, name: str, content_type: str, *, ttl: int | None, expir
         inherited = sum(len(u) for u in source.units[:n]) + UNIT_COST * n
     opened = StreamOpened(name=name, owner=owner, content_type=content_type, ttl=ttl, expires_at=expires_at,
                           created_at=now, forked_from=source.log_id if source else None,
-                          fork_offset=start, fork_sub=fork_sub)
+                          fork_offset=start, fork_sub=fork_sub,
+                          source_created=source.created_at if source is not None else None)
     events: list[StreamOpened | StreamAppended] = [opened]
     if prefix:
         events.append(StreamAppended(data=prefix))

@@ -345,6 +345,8 @@ class StreamSpace:
                                             now=time.time())
             self._room(owner, size, new_stream=True)
             log_id = stream_log_id(owner, name) if self.shared else new_session_id()
+            if log_id in self.logs:  # (shared: a fork made on another worker, not linked yet)
+                raise Refused(503, "busy", f"stream {name!r} is being made by another server: try again")
             if log_id in self._doomed:  # (shared: this name's last stream, expired, its removal still to write)
                 await self._remove_doomed()
             appended = await self.es.create(log_id, events)
@@ -355,56 +357,17 @@ class StreamSpace:
             for a in appended[1:]:
                 st.apply(a.record)
             st.durable, st.ended = len(st.units), st.closed
-            self.streams[(owner, name)] = st
             self.logs[log_id] = st
             self._access[log_id] = self._shared_access[log_id] = time.time()
             self._counted(st, +1)
-            if self.shared and source is not None:
-                await self._link(st, source)
+            if source is not None:
+                await self._fork_made(st, source)
+            self.streams[(owner, name)] = st
             return st, True
 
-    async def _link(self, fork: StreamState, source: StreamState) -> None:
-        """(Shared) A fork holds once linked: a touch of its source's log,
-        fenced, so that it is refused if the source's soft delete (or its
-        tombstone) came first; then the fork is removed and refused. A
-        delete of the source that comes after it finds the fork (see
-        _remove_unread)."""
-        for _ in range(MAX_CONFLICTS):
-            if self.logs.get(source.log_id) is not source or source.soft_deleted:
-                break
-            try:
-                async with self._writing.setdefault(source.log_id, trio.Lock()):
-                    await self.es.append_many(source.log_id, [StreamAppended(data=b"")])
-                self._shared_access[source.log_id] = time.time()
-                return
-            except SeqConflict:
-                continue  # (on_reset folded what came first: looked at again)
-            except UnknownSession:
-                break
-        else:
-            await self._unmake(fork)
-            raise Refused(503, "busy", f"stream {source.name!r}: other servers' appends came first: try again")
-        removed = self.logs.get(source.log_id) is not source
-        await self._unmake(fork)  # (a fork of a stream deleted at the same time)
-        if removed:
-            raise Refused(404, "unknown_stream", f"no source stream {source.name!r} (deleted meanwhile)")
-        raise Refused(409, "stream_gone", f"source stream {source.name!r} was deleted")
-
-    async def _unmake(self, fork: StreamState) -> None:
-        """(Shared) Delete a fork whose link was refused, as a delete does:
-        another worker may have forked it already (it is served once made),
-        and that fork keeps it."""
-        for _ in range(MAX_CONFLICTS):
-            if self.logs.get(fork.log_id) is not fork or fork.soft_deleted:
-                return
-            try:
-                return await self._withdraw(fork)
-            except SeqConflict:
-                continue  # (on_reset folded what came first)
-            except UnknownSession:
-                return  # (another worker removed it)
-        log.error("stream %r: a fork whose link was refused could not be deleted: other servers' appends "
-                  "came first %d times", fork.name, MAX_CONFLICTS)
+    async def _fork_made(self, fork: StreamState, source: StreamState) -> None:
+        """A fork's log is made (shared: it is linked to its source, or
+        removed and Refused)."""
 
     def _room(self, owner: str, size: int, *, new_stream: bool = False) -> None:
         """Refuse (429 limit_streams) what would take the owner past its share."""
@@ -550,11 +513,17 @@ class StreamSpace:
         soft deletes of expiries. A damaged log is left as it is (logged);
         a failure is logged, never the server's end."""
         for log_id in sorted(self._soft):
-            self._soft.discard(log_id)
             st = self.logs.get(log_id)
-            if st is not None and log_id not in self.damaged and self.es.broken is None:
+            if st is None or not st.soft_deleted:  # (shared: another worker's record took it back)
+                self._soft.discard(log_id)
+                if st is not None:
+                    self._expired(st)  # (decided again, from the access it brought)
+            elif log_id not in self.damaged and self.es.broken is None:
                 try:
                     async with self._writing.setdefault(log_id, trio.Lock()):
+                        if log_id not in self._soft:  # (shared: another worker's record came meanwhile)
+                            continue
+                        self._soft.discard(log_id)  # (and enqueued in the same step: the fence is this state's)
                         await self.es.append_many(log_id, [StreamSoftDeleted()])
                 except SeqConflict:  # (shared: another worker's record came first, its refold took the flag back)
                     if self.logs.get(log_id) is st and not st.soft_deleted:
@@ -563,6 +532,8 @@ class StreamSpace:
                     pass  # (shared: another worker removed it; its tombstone reached on_remote)
                 if self.shared and self.logs.get(log_id) is st and st.soft_deleted and st.refcount <= 0:
                     self._unread.add(log_id)
+            else:
+                self._soft.discard(log_id)  # (a damaged log stays as it is; a broken store writes nothing)
         for log_id in sorted(self._unread):
             st = self.logs.get(log_id)
             if st is None or await self._remove_unread(st):
@@ -647,16 +618,20 @@ class StreamSpace:
         task_status.started()
         while True:
             try:
+                await self._write_touches()  # (first: a removal may wait to catch up)
                 async with self._lifecycle:
                     for st in list(self.streams.values()):
                         self._expired(st)
                     self._wake = trio.Event()
                     await self._remove_doomed()
-                await self._write_touches()
+                    await self._sweep_forks()
             except (EventStoreError, OSError, RecursionError, ValueError) as e:  # never the server's end
                 log.error("the streams' sweep failed: %s (again at the next)", e)
             with trio.move_on_after(SWEEP_SECONDS):
                 await self._wake.wait()
+
+    async def _sweep_forks(self) -> None:
+        """(Shared: forks made elsewhere and never linked are dropped.)"""
 
     async def _write_touches(self) -> None:
         """(Shared) Write a touch (an empty append) for each TTL stream read

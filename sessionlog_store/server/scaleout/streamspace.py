@@ -11,23 +11,42 @@ instead of rebasing it: the space folds the log again (`on_reset`) and
 checks the append anew, so that a producer's sequence, Stream-Seq and a
 closure hold across workers as on one (an append after another worker's
 close is refused, a producer's retry through another worker is a
-duplicate)."""
+duplicate).
+
+A fork is served once it is linked: its maker writes a record naming it
+(`StreamForkLinked`) to its source's log, fenced, after the fork's own log.
+A delete of the source is a soft-delete record in the same log first, and
+its removal waits until the deleter has caught up and counts the forks it
+finds, linked or not (domain/streamspace.py: _withdraw, _remove_unread):
+so a link that came first keeps the source, and a link that comes after
+the soft delete is refused (the fork is removed, its creation refused). A
+fork that other workers see made but never linked (its maker died or
+stalled) is not served, counts for its source, and is dropped after
+LINK_SECONDS by a record of its own in the source's log (fenced against a
+late link)."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 import logging
+import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Final
 
 import trio
 
+from sessionlog_store.eventstore.errors import EventStoreError, SeqConflict, UnknownSession
+from sessionlog_store.eventstore.events import SessionDeleted, StreamForkLinked, StreamOpened
 from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
-from sessionlog_store.server.config import StoreConfig
-from sessionlog_store.eventstore.events import SessionDeleted, StreamOpened
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.projections.dstream import StreamState
-from sessionlog_store.server.domain.streamspace import StreamSpace
+from sessionlog_store.projections.dstream import Refused, StreamState
+from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.domain.streamspace import MAX_CONFLICTS, StreamSpace
 
 log = logging.getLogger("sessionlog.streams")
+
+# A fork seen made and not linked for this long is dropped (its maker died
+# or stalled; a maker that comes back finds its link refused).
+LINK_SECONDS: Final = 30.0
 
 
 class SharedStreamSpace(StreamSpace):
@@ -37,6 +56,11 @@ class SharedStreamSpace(StreamSpace):
     def __init__(self, es: JetStreamLog) -> None:
         super().__init__(es, shared=True, catch_up=es.caught_up, purge_tombstoned=es.purge_tombstoned)
         self._orphans: dict[str, float] = {}  # log id: the creation time of the orphan fork doomed there
+        self._pending: dict[str, float] = {}  # forks made, not linked yet: when this worker first saw them
+        # Links (or drops) seen before their fork's creation (a conflict's
+        # refold reads a source's log ahead of the tail): fork log id ->
+        # (its created_at, dropped, when seen).
+        self._early: dict[str, tuple[float, bool, float]] = {}
         es.remote_listeners.append(self.on_remote)
         es.reset_listeners.append(self.on_reset)
 
@@ -49,6 +73,8 @@ class SharedStreamSpace(StreamSpace):
         for rec in records:
             ev = rec.event
             st = self.logs.get(log_id)
+            if isinstance(ev, StreamForkLinked):
+                self._on_link(ev)
             if isinstance(ev, StreamOpened):
                 if st is not None:  # (deleted and made again, the tombstone unseen)
                     self._forget(st, doom=False)
@@ -58,6 +84,9 @@ class SharedStreamSpace(StreamSpace):
             elif isinstance(ev, SessionDeleted):
                 self._forget(st, doom=False)
             else:
+                if log_id in self._soft:  # (its expiry decided here, not written yet: decided again)
+                    self._soft.discard(log_id)
+                    st.soft_deleted = False
                 before = st.cost
                 st.apply(rec)
                 self._bytes[st.owner] = self._bytes.get(st.owner, 0) + st.cost - before
@@ -78,12 +107,19 @@ class SharedStreamSpace(StreamSpace):
         """A conflict: this worker's appends to the log were refused (another
         worker's came first); the stream is folded again from `records`, the
         log as it now stands (none: it is gone)."""
-        st = self.logs.get(log_id)
         first = records[0].event if records else None
         if log_id in self._doomed:
             if not (isinstance(first, StreamOpened) and first.created_at != self._orphans.get(log_id)):
                 return  # (removed here: its tombstone is tried again)
             self._doomed.discard(log_id)  # (an orphan's name made again: the new stream is folded)
+        self._refold(log_id, records)
+        for rec in records:  # (its forks' links, ahead of the tail)
+            if isinstance(rec.event, StreamForkLinked):
+                self._on_link(rec.event)
+
+    def _refold(self, log_id: str, records: list[Record]) -> None:
+        st = self.logs.get(log_id)
+        first = records[0].event if records else None
         if not records or isinstance(records[-1].event, SessionDeleted):
             if st is not None:
                 self._forget(st, doom=False)
@@ -110,6 +146,8 @@ class SharedStreamSpace(StreamSpace):
             log.warning("stream log %s does not start with its creation: not served", log_id)
             return
         src = self.logs.get(first.forked_from) if first.forked_from is not None else None
+        if src is not None and first.source_created is not None and src.created_at != first.source_created:
+            src = None  # (a fork of the name's earlier stream)
         if first.forked_from is not None and src is None:
             # (the tail brings a source's creation before its forks': its
             # removal came before this fork's creation, whose link then fails)
@@ -121,16 +159,121 @@ class SharedStreamSpace(StreamSpace):
         st = StreamState.folded(log_id, first, records, src)
         if src is not None:
             self._forked(st, src)
-        old = self.streams.get((st.owner, st.name))
-        if old is not None and old is not st and not old.soft_deleted:
-            self._forget(old, doom=False)
-        self.streams[(st.owner, st.name)] = st
         self.logs[log_id] = st
         self._access[log_id] = self._shared_access[log_id] = max(r.ts for r in records)
         self._counted(st, +1)
         self._doomed.discard(log_id)  # (made again after an orphan's removal was decided)
         self._orphans.pop(log_id, None)
-        self._unread_if_so(st)
+        if src is None:
+            self._serve(st)
+            self._unread_if_so(st)
+            return
+        self._pending[log_id] = time.time()  # (served once its link is seen)
+        early = self._early.pop(log_id, None)
+        if early is not None and early[0] == st.created_at:
+            self._on_link(StreamForkLinked(fork=log_id, created_at=st.created_at, dropped=early[1]))
+
+    def _serve(self, st: StreamState) -> None:
+        old = self.streams.get((st.owner, st.name))
+        if old is not None and old is not st and not old.soft_deleted:
+            self._forget(old, doom=False)
+        self.streams[(st.owner, st.name)] = st
+        self._notify(st)
+
+    def _on_link(self, ev: StreamForkLinked) -> None:
+        """A fork's link (it is served from now on) or its drop (it never
+        will be: forgotten here, its log removed by the dropper)."""
+        fork = self.logs.get(ev.fork)
+        if fork is None or fork.created_at != ev.created_at:
+            self._early[ev.fork] = (ev.created_at, ev.dropped, time.time())  # (its creation not here yet)
+            return
+        if self._pending.pop(ev.fork, None) is None:
+            return  # (served already)
+        if ev.dropped:
+            self._forget(fork, doom=False)
+        else:
+            self._serve(fork)
+
+    # -- a fork made here: its link ------------------------------------------
+
+    async def _fork_made(self, fork: StreamState, source: StreamState) -> None:
+        """Link the fork (a record naming it in its source's log, fenced):
+        refused if the source's soft delete or removal, or another worker's
+        drop of this fork, came first; then the fork's log is removed and
+        the creation Refused. Another worker that deletes the source after
+        the link finds the fork (it catches up first) and keeps the source."""
+        self._pending[fork.log_id] = time.time()
+        link = StreamForkLinked(fork=fork.log_id, created_at=fork.created_at)
+        refused = Refused(503, "busy", f"stream {source.name!r}: other servers' appends came first: try again")
+        for _ in range(MAX_CONFLICTS):
+            if self.logs.get(fork.log_id) is not fork:
+                refused = Refused(503, "busy", "the fork was dropped by another server (its link came too late): "
+                                  "try again")
+                break
+            if self.logs.get(source.log_id) is not source:
+                refused = Refused(404, "unknown_stream", f"no source stream {source.name!r} (deleted meanwhile)")
+                break
+            if source.soft_deleted:
+                refused = Refused(409, "stream_gone", f"source stream {source.name!r} was deleted")
+                break
+            try:
+                async with self._writing.setdefault(source.log_id, trio.Lock()):
+                    await self.es.append_many(source.log_id, [link])
+            except SeqConflict:
+                continue  # (on_reset folded what came first: looked at again)
+            except UnknownSession:
+                continue  # (removed meanwhile: on_reset forgot it)
+            self._pending.pop(fork.log_id, None)
+            self._shared_access[source.log_id] = time.time()
+            return
+        await self._discard(fork)
+        raise refused
+
+    async def _discard(self, fork: StreamState) -> None:
+        """Remove a fork that was never served (not linked): its tombstone,
+        then its log purged."""
+        self._pending.pop(fork.log_id, None)
+        if self.logs.get(fork.log_id) is fork:
+            self._forget(fork, doom=False)
+        try:
+            async with self._writing.setdefault(fork.log_id, trio.Lock()):
+                await self.es.append_many(fork.log_id, [SessionDeleted()])
+            if self.purge_tombstoned is not None:
+                await self.purge_tombstoned(fork.log_id)
+        except (SeqConflict, UnknownSession):
+            pass  # (removed by another worker, or the name made again)
+        except (EventStoreError, OSError) as e:
+            log.error("removing the unlinked fork %r failed: %s (its name's next creation purges it)", fork.name, e)
+
+    async def _sweep_forks(self) -> None:
+        """Drop the forks seen made and not linked for LINK_SECONDS: a drop
+        record in the source's log (fenced: refused if the link came
+        first), then the fork's log removed."""
+        now = time.time()
+        for fid, seen in sorted(self._pending.items()):
+            fork = self.logs.get(fid)
+            if fork is None:
+                del self._pending[fid]
+                continue
+            if now - seen < LINK_SECONDS:
+                continue
+            src = self._source_of.get(fid)
+            if src is not None and self.logs.get(src.log_id) is src:
+                try:
+                    async with self._writing.setdefault(src.log_id, trio.Lock()):
+                        await self.es.append_many(src.log_id, [StreamForkLinked(fork=fid, created_at=fork.created_at,
+                                                                                dropped=True)])
+                except SeqConflict:
+                    continue  # (on_reset folded what came first, its link maybe: looked at again)
+                except UnknownSession:
+                    pass
+            if self.logs.get(fid) is fork and fid in self._pending:
+                log.warning("stream %r: a fork not linked %d s after it was made (its maker died or stalled): "
+                            "dropped", fork.name, int(now - seen))
+                await self._discard(fork)
+        for fid, (_, _, seen) in list(self._early.items()):
+            if now - seen > LINK_SECONDS:
+                del self._early[fid]
 
 
 def space_stream(config: StoreConfig) -> tuple[str, str]:
