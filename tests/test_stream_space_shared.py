@@ -549,3 +549,56 @@ async def test_a_fork_whose_maker_stalls_past_its_link_time_is_dropped_and_its_l
         _, made_again = await make(b, "F", data=b"mine")
         assert made_again
         await until(lambda: (OWNER, "F") in a.streams and units(a, "F") == [b"mine"])
+
+
+async def test_a_dropped_forks_log_is_removed_even_when_its_dropper_dies_first(nats_cluster):
+    """A makes fork F and dies before its link; B drops F and dies before
+    removing its log: C, seeing the drop, removes it (every worker once
+    forgot F and left its log, the name refused `503 busy` for good)."""
+    from sessionlog_store.server.scaleout.streamspace import LINK_SECONDS
+    f_log = stream_log_id(OWNER, "F")
+    async with space(nats_cluster, "DSS19") as c:
+        async with space(nats_cluster, "DSS19") as b:
+            async with space(nats_cluster, "DSS19") as a:
+                await make(a, "S", data=b"abc")
+                await until(lambda: (OWNER, "S") in b.streams and (OWNER, "S") in c.streams)
+                stalled = trio.Event()
+
+                async def never(fork: Any, source: Any) -> None:
+                    await stalled.wait()
+                a._fork_made = never
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(lambda: make(a, "F", forked_from="S"))
+                    await until(lambda: f_log in b._pending and f_log in c._pending)
+                    nursery.cancel_scope.cancel()  # (A dies before its link)
+
+            async def dies_first(fork: Any) -> None:
+                pass  # (B dies after its drop record, before removing F's log)
+            b._discard = dies_first
+            b._pending[f_log] -= LINK_SECONDS + 1
+            b._wake.set()
+            await until(lambda: f_log not in c._pending)
+        await until(lambda: f_log not in c.es.session_ids() and not c._doomed)
+        assert c.streams[(OWNER, "S")].refcount == 0
+        _, made = await make(c, "F", data=b"x")
+        assert made
+
+
+async def test_a_put_on_a_lagging_worker_leaves_a_linked_fork_whole(nats_cluster):
+    """C's tail lags (its catch-up waits too); a PUT of a linked fork's name
+    through C reads the fork's log ahead of the tail, its source unknown
+    there: C refuses (503) rather than taking the fork for an orphan (it
+    once removed it, with its acknowledged append, and made its own), and
+    serves the fork once it has caught up."""
+    async with space(nats_cluster, "DSS20") as a, space(nats_cluster, "DSS20") as c:
+        hold_tail(c, position=True)
+        await make(a, "S", data=b"abc")
+        _, made = await make(a, "F", forked_from="S")
+        assert made
+        await append(a, "F", b"acked")
+        with pytest.raises(Refused) as refused:
+            await make(c, "F", data=b"other")
+        assert refused.value.status == 503
+        c.release()
+        await until(lambda: (OWNER, "F") in c.streams and units(c, "F") == [b"abc", b"acked"], within=60)
+        assert units(a, "F") == [b"abc", b"acked"]

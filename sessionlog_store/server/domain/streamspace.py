@@ -619,6 +619,7 @@ class StreamSpace:
         while True:
             try:
                 await self._write_touches()  # (first: a removal may wait to catch up)
+                await self._look_again()
                 async with self._lifecycle:
                     for st in list(self.streams.values()):
                         self._expired(st)
@@ -632,6 +633,9 @@ class StreamSpace:
 
     async def _sweep_forks(self) -> None:
         """(Shared: forks made elsewhere and never linked are dropped.)"""
+
+    async def _look_again(self) -> None:
+        """(Shared: forks read ahead of the tail are looked at again.)"""
 
     async def _write_touches(self) -> None:
         """(Shared) Write a touch (an empty append) for each TTL stream read

@@ -40,7 +40,7 @@ from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_j
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.dstream import Refused, StreamState
 from sessionlog_store.server.config import StoreConfig
-from sessionlog_store.server.domain.streamspace import MAX_CONFLICTS, StreamSpace
+from sessionlog_store.server.domain.streamspace import CATCH_UP_SECONDS, MAX_CONFLICTS, StreamSpace
 
 log = logging.getLogger("sessionlog.streams")
 
@@ -61,6 +61,7 @@ class SharedStreamSpace(StreamSpace):
         # refold reads a source's log ahead of the tail): fork log id ->
         # (its created_at, dropped, when seen).
         self._early: dict[str, tuple[float, bool, float]] = {}
+        self._unsure: set[str] = set()  # forks a refold read ahead of the tail, their source unknown here
         es.remote_listeners.append(self.on_remote)
         es.reset_listeners.append(self.on_reset)
 
@@ -128,7 +129,7 @@ class SharedStreamSpace(StreamSpace):
             self._forget(st, doom=False)  # (deleted and made again elsewhere: another stream, maybe another fork)
             st = None
         if st is None or not isinstance(first, StreamOpened):
-            self._adopt(log_id, records)  # (or says why it cannot)
+            self._adopt(log_id, records, ordered=False)  # (or says why it cannot)
             return
         before = st.cost
         st.refold(first, records, self._source_of.get(log_id))
@@ -139,8 +140,10 @@ class SharedStreamSpace(StreamSpace):
         self._notify(st)
         self._unread_if_so(st)
 
-    def _adopt(self, log_id: str, records: list[Record]) -> None:
-        """A stream another worker made (its log's records so far)."""
+    def _adopt(self, log_id: str, records: list[Record], *, ordered: bool = True) -> None:
+        """A stream another worker made (its log's records so far). Not
+        `ordered` (a conflict's refold, read ahead of the tail): a fork whose
+        source is not known here yet is left for after a catch-up."""
         first = records[0].event
         if not isinstance(first, StreamOpened):
             log.warning("stream log %s does not start with its creation: not served", log_id)
@@ -149,12 +152,14 @@ class SharedStreamSpace(StreamSpace):
         if src is not None and first.source_created is not None and src.created_at != first.source_created:
             src = None  # (a fork of the name's earlier stream)
         if first.forked_from is not None and src is None:
+            if not ordered:
+                self._unsure.add(log_id)
+                self._wake.set()
+                return
             # (the tail brings a source's creation before its forks': its
             # removal came before this fork's creation, whose link then fails)
             log.warning("stream %r: its fork source's log %s is gone: removed", first.name, first.forked_from)
-            self._doomed.add(log_id)
-            self._orphans[log_id] = first.created_at
-            self._wake.set()
+            self._doom(log_id, first.created_at)
             return
         st = StreamState.folded(log_id, first, records, src)
         if src is not None:
@@ -191,8 +196,16 @@ class SharedStreamSpace(StreamSpace):
             return  # (served already)
         if ev.dropped:
             self._forget(fork, doom=False)
+            self._doom(fork.log_id, fork.created_at)  # (by every worker: its dropper may die first)
         else:
             self._serve(fork)
+
+    def _doom(self, log_id: str, created_at: float) -> None:
+        """A log for removal (its tombstone, fenced, and its purge) by the
+        sweeper, unless the name is made again meanwhile (on_reset)."""
+        self._doomed.add(log_id)
+        self._orphans[log_id] = created_at
+        self._wake.set()
 
     # -- a fork made here: its link ------------------------------------------
 
@@ -217,8 +230,11 @@ class SharedStreamSpace(StreamSpace):
                 refused = Refused(409, "stream_gone", f"source stream {source.name!r} was deleted")
                 break
             try:
-                async with self._writing.setdefault(source.log_id, trio.Lock()):
-                    await self.es.append_many(source.log_id, [link])
+                # (shielded: a link that landed unseen, its request cancelled,
+                # would be dropped by this worker's own sweeper later)
+                with trio.CancelScope(shield=True):
+                    async with self._writing.setdefault(source.log_id, trio.Lock()):
+                        await self.es.append_many(source.log_id, [link])
             except SeqConflict:
                 continue  # (on_reset folded what came first: looked at again)
             except UnknownSession:
@@ -243,7 +259,33 @@ class SharedStreamSpace(StreamSpace):
         except (SeqConflict, UnknownSession):
             pass  # (removed by another worker, or the name made again)
         except (EventStoreError, OSError) as e:
-            log.error("removing the unlinked fork %r failed: %s (its name's next creation purges it)", fork.name, e)
+            log.error("removing the unlinked fork %r failed: %s (tried again by the sweeper)", fork.name, e)
+            self._doom(fork.log_id, fork.created_at)
+
+    async def _look_again(self) -> None:
+        """The forks a refold read ahead of the tail, their source unknown
+        there: after a catch-up (outside the lifecycle lock: creates and
+        deletes go on) their source is known, or gone (an orphan)."""
+        if not self._unsure:
+            return
+        try:
+            with trio.fail_after(CATCH_UP_SECONDS):
+                if self.catch_up is not None:
+                    await self.catch_up()
+        except Exception as e:  # noqa: BLE001 - (an election): at the next sweep
+            log.info("forks to look at again wait to catch up with the other workers (%s)", e)
+            self._wake.set()  # (again at once: each try waits CATCH_UP_SECONDS)
+            return
+        for fid in sorted(self._unsure):
+            self._unsure.discard(fid)
+            if fid in self.logs:
+                continue
+            try:
+                records = await self.es.read(fid)
+            except (UnknownSession, EventStoreError):
+                continue  # (gone meanwhile)
+            if records and fid not in self.logs:
+                self._adopt(fid, records)
 
     async def _sweep_forks(self) -> None:
         """Drop the forks seen made and not linked for LINK_SECONDS: a drop
