@@ -215,3 +215,37 @@ def test_schemathesis_finds_no_5xx_and_no_answer_off_the_document(tmp_path):
         server.stop()
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     assert "passed" in r.stdout
+
+
+async def test_an_unknown_major_version_is_refused_with_a_clear_error(root, nursery):
+    """Issue 28 item 6: the HTTP API's version is its path (/v1/), the
+    WebSocket's its subprotocol (sessionlog.v1). A request under another
+    major version gets 404 unsupported_version; a handshake offering only
+    other sessionlog.v* subprotocols gets 400 saying which this server
+    speaks; one offering v1 among others gets v1; one offering none is v1
+    (scripts' clients)."""
+    from trio_websocket import HandshakeError, open_websocket
+
+    from sessionlog_store.server.edge.auth import TOKEN_SUBPROTOCOL
+    from .test_ws import raw_http
+    server = await start(nursery, root)
+    async with HttpClient(server.port, TOKEN) as c:
+        for path in ("/v2/sessions", "/v2", "/v10/openapi.json"):
+            a = await c.request("GET", path)
+            assert (a.status, a.json()["error"]["code"]) == (404, "unsupported_version"), (path, a.body)
+            assert "API version 1 (/v1/)" in a.json()["error"]["message"]
+        assert (await c.request("GET", "/v1/sessions")).status == 200
+    token = TOKEN_SUBPROTOCOL + __import__("base64").urlsafe_b64encode(TOKEN.encode()).decode().rstrip("=")
+    up = (f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+          "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+          f"Sec-WebSocket-Protocol: sessionlog.v2, {token}\r\n\r\n")
+    answer = await raw_http(server.port, up.encode())
+    assert answer.startswith(b"HTTP/1.1 400") and b"unsupported protocol version sessionlog.v2" in answer
+    assert b"this server speaks sessionlog.v1" in answer, answer
+    for offered, selected in ((["sessionlog.v2", "sessionlog.v1", token], "sessionlog.v1"), ([token], None)):
+        async with open_websocket("127.0.0.1", server.port, "/ws", use_ssl=False, subprotocols=offered) as ws:
+            assert ws.subprotocol == selected
+    with pytest.raises(HandshakeError):
+        async with open_websocket("127.0.0.1", server.port, "/ws", use_ssl=False,
+                                  subprotocols=["sessionlog.v3", token]):
+            pass

@@ -39,6 +39,9 @@ from sessionlog_store.server.edge.streams import MessageStream, encode_offset, s
 log = logging.getLogger("sessionlog.http")
 
 V1: Final = "/v1/"
+# Any API version's prefix: a major version this server does not speak is
+# answered 404 unsupported_version (docs/HTTP.md: Versions).
+VERSIONED: Final = re.compile(r"^/v\d+(/|$)")
 STREAM: Final = "/v1/stream/"
 _MESSAGE_STREAM: Final = re.compile(r"^/v1/stream/sessions/(?P<session_id>[^/]+)/messages/(?P<msg_id>[^/]+)$")
 _LOG_STREAM: Final = re.compile(r"^/v1/stream/sessions/(?P<session_id>[^/]+)$")
@@ -335,6 +338,9 @@ class Api:
 
     async def _handle(self, ex: Exchange, req: Request, body: bytes, remote: str, trusted_peer: bool) -> None:
         server = self.server
+        if not req.path.startswith(V1):
+            raise ApiError("unsupported_version", f"this server speaks API version 1 ({V1}), not "
+                           f"{req.path.split('/')[1][:12]!r}", 404)
         if req.path == "/v1/openapi.json" and req.method in ("GET", "HEAD"):
             if req.headers.get("host", "").lower() not in server.allowed_hosts():
                 raise ApiError("forbidden", "Host not allowed", 403)

@@ -133,6 +133,7 @@ def _digest(token: str) -> bytes:
 
 TOKEN_SUBPROTOCOL: Final = "sessionlog.token."
 PROTOCOL: Final = "sessionlog.v1"  # the subprotocol the server selects when offered
+PROTOCOL_FAMILY: Final = "sessionlog.v"  # a client offering only others of it is refused (400)
 
 
 def offered_subprotocols(req: Request) -> list[str]:

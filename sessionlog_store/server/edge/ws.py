@@ -28,11 +28,12 @@ from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.domain.subscriptions import MsgUpdate
 from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.domain.streamspace import StreamSpace
-from sessionlog_store.server.edge.auth import PROTOCOL, REFUSED, Principal, anonymous_principal, make_authenticator
+from sessionlog_store.server.edge.auth import (PROTOCOL, PROTOCOL_FAMILY, REFUSED, Principal, anonymous_principal,
+                                              make_authenticator, offered_subprotocols)
 from sessionlog_store.server.edge.config import ServerConfig as ServerConfig
 from sessionlog_store.server.edge.connection import Connection
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits, Quotas
-from sessionlog_store.server.edge.api import V1, Api
+from sessionlog_store.server.edge.api import V1, VERSIONED, Api
 from sessionlog_store.server.edge.assets import STATIC_NAME, Assets, representation
 from sessionlog_store.server.edge.http import Exchange, HTTPError, Request
 from sessionlog_store.server.edge.producers import ExternalReply, Producers
@@ -190,7 +191,7 @@ class Server:
         upgrade = req.headers.get("upgrade", "").lower() == "websocket"
         peer_ip = remote.rsplit(":", 1)[0].strip("[]")
         local, forwarded_for = self.localize(req, peer_ip)  # (the path without the root path: /chat/v1/ is /v1/)
-        api = local.path.startswith(V1)
+        api = local.path.startswith(V1) or VERSIONED.match(local.path) is not None
         body = b""
         if not upgrade:
             try:
@@ -229,6 +230,11 @@ class Server:
         return False
 
     async def _upgrade(self, ex: Exchange, req: Request, remote: str, trusted_peer: bool) -> None:
+        versions = [v for v in offered_subprotocols(req) if v.startswith(PROTOCOL_FAMILY)]
+        if versions and PROTOCOL not in versions:  # (none offered: a script's client, taken as v1)
+            await ex.reply(400, f"unsupported protocol version {', '.join(versions)[:80]}: this server speaks "
+                                f"{PROTOCOL}\n".encode(), close=True)
+            return
         who = self.check_handshake(req, trusted_peer)
         if isinstance(who, str):
             log.warning("refused a WebSocket handshake: %s", who, extra={"remote": remote})
