@@ -30,9 +30,9 @@ class Reply:
     writes are then dropped, and the exit closes nothing."""
 
     def __init__(self, http: httpx.AsyncClient, api: str, session_id: str, *, interval: float, kind: str,
-                 metadata: dict[str, Any]) -> None:
+                 metadata: dict[str, Any], caller: str | None = None) -> None:
         self.http, self.api, self.session_id = http, api, session_id
-        self.interval, self.kind, self.metadata = interval, kind, metadata
+        self.interval, self.kind, self.metadata, self.caller = interval, kind, metadata, caller
         self.reply_id = ""
         self.stream = ""
         self.stopped = anyio.Event()
@@ -44,7 +44,8 @@ class Reply:
         self._group: Any = None
 
     async def __aenter__(self) -> Reply:
-        body = msgspec.json.encode(t.NewReply(kind=self.kind, metadata=self.metadata))  # type: ignore[arg-type]
+        body = msgspec.json.encode(t.NewReply(kind=self.kind, metadata=self.metadata,  # type: ignore[arg-type]
+                                              caller=self.caller, parent_id=self.caller))
         r = await self.http.post(f"{self.api}/sessions/{self.session_id}/replies", content=body,
                                  headers={"Content-Type": "application/json"})
         if r.status_code >= 400:
@@ -74,6 +75,13 @@ class Reply:
         """Buffer text (sent at the next interval; dropped once stopped)."""
         if text and not self.stopped.is_set():
             self._buffer.append(text)
+
+    def tool_call(self, tool: str, *, call_id: str, metadata: dict[str, Any] | None = None) -> Reply:
+        """A tool call this reply makes, as a message of its own under it
+        (`async with reply.tool_call("search", call_id="call_1") as call:`
+        write its arguments, then its result; the exit closes it)."""
+        return Reply(self.http, self.api, self.session_id, interval=self.interval, kind="tool_call",
+                     metadata={**(metadata or {}), "tool": tool, "tool_call_id": call_id}, caller=self.reply_id)
 
     def tokens(self, *, input: int, output: int) -> None:
         """The token totals so far (sent with the next interval)."""
