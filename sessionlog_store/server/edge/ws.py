@@ -382,7 +382,8 @@ class Server:
                 task_status.started(reply.msg_id)
                 started = True
                 state = await self.store.load_session(session_id)
-                history = [m for m in state.branch() if m.caller is None and m.msg_id != reply.msg_id]
+                # (the branch with its tool calls: an agent gives them back to its model)
+                history = [m for m in state.branch() if m.msg_id != reply.msg_id and m.caller != reply.msg_id]
                 agent_id = state.meta.agent_id if state.meta is not None else "default"
                 await self.agents.get(agent_id, self.agent).respond(self.store, session_id, history, reply)
         except (NotFound, EventStoreError) as e:  # deleted meanwhile, or the store failed
