@@ -155,9 +155,8 @@ def test_a_reader_cut_mid_stream_resumes_to_one_gapless_text(server: ServeProces
                             await until(lambda: _true(len("".join(got)) >= want))
                             if i in (3, 7):
                                 cuts += cut()  # (the reader's long-poll, mid-stream)
-                        async with r.tool_call("search", call_id="call_1") as call:
-                            call.write('{"q": "durable"}')
-                            call.write(" -> 3 results")
+                        async with r.tool_call("search", call_id="call_1", arguments='{"q": "durable"}') as call:
+                            call.write("3 results")
                         r.tokens(input=5, output=len(pieces))
                     # (the exit closes the reply: the reader sees its end and stops)
                 assert cuts >= 2
@@ -165,7 +164,8 @@ def test_a_reader_cut_mid_stream_resumes_to_one_gapless_text(server: ServeProces
                 assert "".join(got) == "".join(pieces) == m.content
                 assert last[0].status == "done" and m.status == "done"
                 tool = next(t for t in (await sl.get_session(sid)).messages if t.kind == "tool_call")
-                assert (tool.caller, tool.status, tool.content) == (r.reply_id, "done", '{"q": "durable"} -> 3 results')
+                assert (tool.caller, tool.status, tool.content) == (r.reply_id, "done", "3 results")
+                assert tool.metadata["arguments"] == '{"q": "durable"}'
                 assert (tool.metadata["tool"], tool.metadata["tool_call_id"]) == ("search", "call_1")
                 assert m.tokens == {"input": 5, "output": len(pieces)} or \
                     m.metadata.get("tokens_used") == {"input": 5, "output": len(pieces)}, (m.tokens, m.metadata)

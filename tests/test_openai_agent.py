@@ -61,10 +61,20 @@ async def fake_openai(nursery: trio.Nursery, requests: list[dict], stream_parts:
         parts = rounds[len(requests) - 1] if rounds is not None else STREAM if stream_parts is None else stream_parts
         await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                               b"Connection: close\r\n\r\n")
-        for part in parts:
-            await stream.send_all(part)
-            await trio.sleep(0.01)
-        await stream.aclose()
+        entry = requests[-1]  # ("left_at": the part at which the client left; "complete": it did not)
+        i = 0
+        try:
+            for i, part in enumerate(parts):
+                await stream.send_all(part)
+                with trio.move_on_after(0.01):  # (the pace; an end of the request's side: the client left)
+                    if await stream.receive_some(1) == b"":
+                        entry["left_at"] = i
+                        return
+            entry["complete"] = True
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            entry["left_at"] = i
+        finally:
+            await stream.aclose()
     listeners = await nursery.start(trio.serve_tcp, handle, 0)
     return int(listeners[0].socket.getsockname()[1])
 

@@ -30,7 +30,7 @@ class Reply:
     writes are then dropped, and the exit closes nothing."""
 
     def __init__(self, http: httpx.AsyncClient, api: str, session_id: str, *, interval: float, kind: str,
-                 metadata: dict[str, Any], caller: str | None = None) -> None:
+                 metadata: dict[str, Any], caller: str | None = None, background: bool = True) -> None:
         self.http, self.api, self.session_id = http, api, session_id
         self.interval, self.kind, self.metadata, self.caller = interval, kind, metadata, caller
         self.reply_id = ""
@@ -42,6 +42,9 @@ class Reply:
         self._seq = 0
         self._tokens: t.Tokens | None = None
         self._group: Any = None
+        # (a tool call has none: its text is sent on exit, and it may be
+        # entered and exited in any order beside others)
+        self._background = background
 
     async def __aenter__(self) -> Reply:
         body = msgspec.json.encode(t.NewReply(kind=self.kind, metadata=self.metadata,  # type: ignore[arg-type]
@@ -52,15 +55,17 @@ class Reply:
             raise refused(r)
         opened = msgspec.json.decode(r.content, type=t.ReplyOpened)
         self.reply_id, self.stream = opened.reply_id, opened.stream
-        self._group = anyio.create_task_group()
-        await self._group.__aenter__()
-        self._group.start_soon(self._flusher)
-        self._group.start_soon(self._watch)
+        if self._background:
+            self._group = anyio.create_task_group()
+            await self._group.__aenter__()
+            self._group.start_soon(self._flusher)
+            self._group.start_soon(self._watch)
         return self
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        self._group.cancel_scope.cancel()
-        await self._group.__aexit__(None, None, None)
+        if self._group is not None:
+            self._group.cancel_scope.cancel()
+            await self._group.__aexit__(None, None, None)
         with anyio.CancelScope(shield=True):
             if not self.stopped.is_set():
                 await self._flush()
@@ -76,12 +81,18 @@ class Reply:
         if text and not self.stopped.is_set():
             self._buffer.append(text)
 
-    def tool_call(self, tool: str, *, call_id: str, metadata: dict[str, Any] | None = None) -> Reply:
+    def tool_call(self, tool: str, *, call_id: str, arguments: str = "",
+                  metadata: dict[str, Any] | None = None) -> Reply:
         """A tool call this reply makes, as a message of its own under it
-        (`async with reply.tool_call("search", call_id="call_1") as call:`
-        write its arguments, then its result; the exit closes it)."""
+        (`async with reply.tool_call("search", call_id="call_1",
+        arguments='{"q": "x"}') as call:` write its result; the exit sends it
+        and closes the call), as the in-process agents record theirs: its
+        arguments in its metadata, its result as its text. Tool calls may
+        end in any order."""
         return Reply(self.http, self.api, self.session_id, interval=self.interval, kind="tool_call",
-                     metadata={**(metadata or {}), "tool": tool, "tool_call_id": call_id}, caller=self.reply_id)
+                     metadata={**(metadata or {}), "tool": tool, "tool_call_id": call_id, "arguments": arguments},
+                     caller=self.reply_id,
+                     background=False)
 
     def tokens(self, *, input: int, output: int) -> None:
         """The token totals so far (sent with the next interval)."""
