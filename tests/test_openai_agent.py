@@ -92,6 +92,16 @@ async def serve_with(nursery: trio.Nursery, root: str, agent, agents=None) -> Se
     return holder["s"]
 
 
+async def chat_done(c, content: str, **fields: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """A chat through the WebSocket client, followed until its reply is done."""
+    ack = await c.request("chat", content=content, **fields)
+    sid, rid = ack["session_id"], ack["reply_id"]
+    await c.follow(sid)
+    with trio.fail_after(20):
+        assert await c.wait_done(sid, rid) == "done"
+    return sid, rid
+
+
 async def test_an_openai_compatible_stream_becomes_a_reply_a_tool_call_and_token_counts(root, nursery):
     from sessionlog_store.server.agents.openai_compat import OpenAIAgent
     requests: list[dict] = []
@@ -100,11 +110,7 @@ async def test_an_openai_compatible_stream_becomes_a_reply_a_tool_call_and_token
     server = await serve_with(nursery, root, DemoAgent(speed=0), agents)
     from sessionlog_store.server.edge.client import open_client
     async with open_client("127.0.0.1", server.port, TOKEN) as c:
-        ack = await c.request("chat", content="what is durable?", agent_id="gpt")
-        sid, rid = ack["session_id"], ack["reply_id"]
-        await c.follow(sid)
-        with trio.fail_after(20):
-            assert await c.wait_done(sid, rid) == "done"
+        sid, rid = await chat_done(c, "what is durable?", agent_id="gpt")
     state = await server.store.load_session(sid)
     reply = state.messages[rid]
     assert reply.content == "Hello world" and reply.tokens == {"input": 12, "output": 7}
@@ -186,11 +192,7 @@ async def test_an_agent_with_tools_runs_each_call_and_asks_again_until_the_model
     server = await serve_with(nursery, root, agent)
     from sessionlog_store.server.edge.client import open_client
     async with open_client("127.0.0.1", server.port, TOKEN) as c:
-        ack = await c.request("chat", content="add 2 and 3, loudly")
-        sid, rid = ack["session_id"], ack["reply_id"]
-        await c.follow(sid)
-        with trio.fail_after(20):
-            assert await c.wait_done(sid, rid) == "done"
+        sid, rid = await chat_done(c, "add 2 and 3, loudly")
         state = await server.store.load_session(sid)
         reply = state.messages[rid]
         assert reply.content == "Let me add. The sum is FIVE." and reply.tokens == {"input": 40, "output": 11}
