@@ -11,13 +11,14 @@
   scaleout   the JetStream backend next to the local one, and a leader killed mid-run
   http_stack the HTTP side: an ASGI stack on trio vs the h11 edge extended (static, SSE fan-out)
   http_producers  external producers over HTTP vs an in-process agent, SSE readers, a reader's resume
+  client_reads  the Python client's reader of a busy reply vs durable-streams' SSE and long-poll readers
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "http_stack", "http_producers")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "http_stack", "http_producers", "client_reads")
 
 
 def main() -> int:

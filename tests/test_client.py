@@ -128,8 +128,9 @@ def cutting_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
         cut()
 
 
+@pytest.mark.parametrize("mode", ["sse", "long-poll"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_reader_cut_mid_stream_resumes_to_one_gapless_text(server: ServeProcess, backend: str) -> None:
+def test_a_reader_cut_mid_stream_resumes_to_one_gapless_text(server: ServeProcess, backend: str, mode: str) -> None:
     async def scenario() -> None:
         with cutting_proxy(server.port) as (port, cut):
             async with Client(f"http://127.0.0.1:{server.port}", TOKEN) as sl, \
@@ -137,13 +138,13 @@ def test_a_reader_cut_mid_stream_resumes_to_one_gapless_text(server: ServeProces
                            headers={"Host": f"127.0.0.1:{server.port}"}) as reader:  # (through the proxy)
                 sid = (await sl.create_session()).id
                 await sl.add_message(sid, "write")
-                pieces = [f"piece {i}; " for i in range(12)]
+                pieces = [f"piece {i};\r\n " for i in range(12)]  # (a CR and an LF are text too)
                 got: list[str] = []
                 last: list[Any] = []
                 cuts = 0
 
                 async def read(rid: str) -> None:
-                    async for chunk in reader.read_message(sid, rid):
+                    async for chunk in reader.read_message(sid, rid, mode=mode):
                         got.append(chunk.text)
                         last[:] = [chunk]
                 async with anyio.create_task_group() as tg:

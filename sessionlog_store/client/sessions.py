@@ -106,14 +106,15 @@ class Client:
         """A user's Stop of a running reply (it ends `aborted`)."""
         await self._call("POST", f"/sessions/{session_id}/messages/{msg_id}/stop", dict)
 
-    def read_message(self, session_id: str, msg_id: str, *, offset: str = "-1",
-                     live: bool = True) -> AsyncIterator[Chunk]:
+    def read_message(self, session_id: str, msg_id: str, *, offset: str = "-1", live: bool = True,
+                     mode: str = "sse") -> AsyncIterator[Chunk]:
         """A message's text from `offset` (its start; or a chunk's `offset`,
         to resume) as it is written, until it ends (the last chunk has its
-        `status`). A cut connection is taken up again from the last offset
-        read, with backoff: the caller sees one gapless text."""
+        `status`), followed by SSE (`mode="long-poll"`: by long-poll). A cut
+        connection is taken up again from the last offset read, with
+        backoff: the caller sees one gapless text."""
         return read_stream(self.http, f"{API}/stream/sessions/{session_id}/messages/{msg_id}", offset=offset,
-                           live=live)
+                           live=live, mode=mode)
 
     def reply(self, session_id: str, *, interval: float = 0.25, kind: str = "llm_reply",
               metadata: dict[str, Any] | None = None) -> Reply:
