@@ -116,12 +116,13 @@ async def test_a_swept_reply_leaves_its_session_idle(nats_cluster):
             await start_reply(a, sid, "m1")
             await a.append_many(sid, [SessionFlags(status="running")])
             await la.acquire(sid, "m1")
-        # s2 has a second reply, still live (its lease renewed): s2 stays running
+        # s2 has a second reply, still live (a lease of a minute: once it was
+        # renewed every 0.1 s against a 0.5 s TTL, and lapsed on a busy CI)
+        live = await Leases.open(a, ttl=60, skew=0.1)
         await a.append_many("s2", [MessageCreated(msg_id="m2", role="assistant", kind="llm_reply", status="running")])
-        await la.acquire("s2", "m2")
+        await live.acquire("s2", "m2")
         expires = time.time() + 0.5 + 0.1
-        while time.time() <= expires:
-            await la.renew("s2", "m2")
+        while time.time() <= expires:  # (the m1 leases' deadline passed: at least this long)
             await trio.sleep(0.1)
         assert sorted(await lb.sweep()) == [("s1", "m1"), ("s2", "m1")]
         s1, s2 = await b.read("s1"), await b.read("s2")
