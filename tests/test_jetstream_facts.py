@@ -37,7 +37,9 @@ async def _stream(cluster: NatsCluster):  # type: ignore[no-untyped-def]
     # how fast; a first publish beside CPU hogs took over 5 s once)
     js = nc.jetstream(timeout=30)
     try:
-        await js.delete_stream("SL")  # (the module's previous test's)
+        # (a short answer time here: before the meta leader is elected this
+        # waits for none, and the first test paid the whole 30 s)
+        await nc.jetstream(timeout=5).delete_stream("SL")  # (the module's previous test's)
     except Exception:  # noqa: BLE001 - none yet, or the meta leader not elected: made below
         pass
     await until_led(js, "SL", lambda: js.add_stream(name="SL", subjects=["sl.>"], num_replicas=3))
