@@ -256,13 +256,22 @@ class StreamSpace:
         """(Shared) Before a request is decided: what other workers
         acknowledged before it is known here (a write on one worker, then a
         read on another, reads it)."""
-        if self.catch_up is not None:
-            try:
-                with trio.fail_after(CATCH_UP_SECONDS):
-                    await self.catch_up()
-            except Exception as e:  # noqa: BLE001 - (an election, a node lost): from memory, logged
-                log.warning("could not catch up with the other workers (%s): answered from what is known here",
-                            e or "no answer")
+        why = await self.caught_up()
+        if why is not None:
+            log.warning("could not catch up with the other workers (%s): answered from what is known here", why)
+
+    async def caught_up(self) -> str | None:
+        """(Shared) Wait, at most CATCH_UP_SECONDS, until what the other
+        workers acknowledged before is folded here; None once it is, else
+        why not (an election, a node lost). At once without other workers."""
+        if self.catch_up is None:
+            return None
+        try:
+            with trio.fail_after(CATCH_UP_SECONDS):
+                await self.catch_up()
+        except Exception as e:  # noqa: BLE001 - (told to the caller, which decides from memory or later)
+            return str(e) or "no answer"
+        return None
 
     def wake_all(self) -> None:
         """Wake every reader waiting on a stream (a stop: they look again)."""
@@ -585,12 +594,9 @@ class StreamSpace:
         fenced too: refused (a record came first), it is decided again at
         the next sweep; a catch-up that fails waits for it as well. False:
         not decided yet (for the sweeper)."""
-        try:
-            with trio.fail_after(CATCH_UP_SECONDS):
-                if self.catch_up is not None:
-                    await self.catch_up()
-        except Exception as e:  # noqa: BLE001 - (an election): decided at the next sweep
-            log.info("stream %r: its removal waits to catch up with the other workers (%s)", st.name, e)
+        why = await self.caught_up()
+        if why is not None:  # (an election): decided at the next sweep
+            log.info("stream %r: its removal waits to catch up with the other workers (%s)", st.name, why)
             return False
         if self.logs.get(st.log_id) is not st or not st.soft_deleted or st.refcount > 0:
             return True

@@ -40,7 +40,7 @@ from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_j
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.dstream import Refused, StreamState
 from sessionlog_store.server.config import StoreConfig
-from sessionlog_store.server.domain.streamspace import CATCH_UP_SECONDS, MAX_CONFLICTS, StreamSpace
+from sessionlog_store.server.domain.streamspace import MAX_CONFLICTS, StreamSpace
 
 log = logging.getLogger("sessionlog.streams")
 
@@ -268,12 +268,9 @@ class SharedStreamSpace(StreamSpace):
         deletes go on) their source is known, or gone (an orphan)."""
         if not self._unsure:
             return
-        try:
-            with trio.fail_after(CATCH_UP_SECONDS):
-                if self.catch_up is not None:
-                    await self.catch_up()
-        except Exception as e:  # noqa: BLE001 - (an election): at the next sweep
-            log.info("forks to look at again wait to catch up with the other workers (%s)", e)
+        why = await self.caught_up()
+        if why is not None:  # (an election): at the next sweep
+            log.info("forks to look at again wait to catch up with the other workers (%s)", why)
             self._wake.set()  # (again at once: each try waits CATCH_UP_SECONDS)
             return
         for fid in sorted(self._unsure):
