@@ -176,7 +176,8 @@ export class SocketClient {
       this.#backoff = Math.min(this.#backoff * 2, 5000)
     }
     ws.onclose = lose
-    ws.onerror = () => { /* onclose follows */ }
+    // (a browser follows an error with a close; Node 20's WebSocket may not, for a refused connection)
+    ws.onerror = lose
     this.#lose = lose
   }
 
@@ -249,8 +250,11 @@ export class SocketClient {
 
   /** Follow a message from `offset` (the characters you have). `onUpdate` gets
    * each `msg_update` trimmed to exactly what is new (`offset` where its
-   * `content_delta` starts, always the end of what was delivered), across
-   * reconnects, until a terminal status. Subscribing again to the same message
+   * `content_delta` starts: the end of what was delivered), across
+   * reconnects, until a terminal status. Apply each as the protocol says,
+   * `content = content.slice(0, offset) + content_delta`: after a server
+   * crash, a tail that was delivered but never durable is taken back by an
+   * update whose `offset` is below what was delivered. Subscribing again to the same message
    * with another offset replaces the subscription. */
   subscribeMessage(sessionId: string, msgId: string,
                    opts: { offset?: number; onUpdate: (u: MsgUpdate) => void }): MessageSubscription {
@@ -290,8 +294,18 @@ export class SocketClient {
 
   #subscribe(s: Sub): void {
     this.request("subscribe_msg", { session_id: s.sessionId, msg_id: s.msgId, offset: s.offset }).catch((e) => {
+      if (this.#subs.get(`${s.sessionId}/${s.msgId}`) !== s) return
+      if (e instanceof ApiError && e.code === "bad_offset" && s.offset > 0) {
+        // The server has less than was delivered: it crashed before the tail
+        // shown was durable (docs/PROTOCOL.md: a progress update may be ahead
+        // of durable_seq). Read it all again: the next update starts at 0 and
+        // takes the lost tail back (content = content[:offset] + delta).
+        s.offset = 0
+        this.#subscribe(s)
+        return
+      }
       // Unknown (deleted) or refused: the subscription ends; lost: resubscribed on the next open.
-      if (e instanceof ApiError && this.#subs.get(`${s.sessionId}/${s.msgId}`) === s) {
+      if (e instanceof ApiError) {
         this.#subs.delete(`${s.sessionId}/${s.msgId}`)
         s.closed = true
         this.#emit("error", e)
