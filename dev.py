@@ -5,6 +5,7 @@
     python3 dev.py test [pytest options]               the test suite (in 2 processes; -n 0 for one)
     python3 dev.py torture                             the reliability suite's long mode
     python3 dev.py screenshots                         regenerate docs/screenshots/ (the browser tests)
+    python3 dev.py page                                rebuild the page's bundle (needs Node 20+ and npm)
 
 Needs only Python 3.11+; everything else is installed into ./.venv.
 """
@@ -20,6 +21,12 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".installed"
+# The page's source (on the TypeScript client of clients/js/) and its bundle,
+# committed so that the server (and a wheel) needs no Node: a test checks that
+# the committed bundle is this source's.
+PAGE_SOURCE = ROOT / "clients" / "page" / "app.js"
+PAGE_BUNDLE = ROOT / "sessionlog_store" / "server" / "edge" / "static" / "app.js"
+JS_CLIENT = ROOT / "clients" / "js"
 
 
 def ensure_venv() -> None:
@@ -36,9 +43,29 @@ def ensure_venv() -> None:
     STAMP.touch()
 
 
+def page_bundle() -> bytes:
+    """The page's bundle as esbuild makes it from clients/page/app.js (with
+    clients/js/'s packages installed)."""
+    banner = ("// Built from clients/page/app.js and the TypeScript client (clients/js/) by esbuild:"
+              " `python3 dev.py page`. Do not edit.")
+    run = subprocess.run([str(JS_CLIENT / "node_modules" / ".bin" / "esbuild"), str(PAGE_SOURCE.relative_to(ROOT)),
+                          "--bundle", "--format=iife", "--target=es2020", "--charset=utf8", "--legal-comments=inline",
+                          f"--banner:js={banner}"], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    return run.stdout
+
+
+def build_page() -> None:
+    subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=JS_CLIENT, check=True)
+    PAGE_BUNDLE.write_bytes(page_bundle())
+    print(f"wrote {PAGE_BUNDLE.relative_to(ROOT)}")
+
+
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"serve", "test", "torture", "screenshots"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"serve", "test", "torture", "screenshots", "page"}:
         sys.exit(__doc__)
+    if sys.argv[1] == "page":
+        build_page()
+        return
     ensure_venv()
     job, rest = sys.argv[1], sys.argv[2:]
     if job == "serve":

@@ -168,7 +168,7 @@ def test_a_launched_chat_never_typed_into_survives_sigkill(serve, browser):
     protocol, as `create_session`) and nobody typed into yet is durable. The
     page's own "+ New chat" is a draft until its first message (issue 14)."""
     page = open_page(browser, serve.url)
-    page.evaluate('window.sessionlog.ws.send(JSON.stringify({action: "create_session", request_id: "launch"}))')
+    page.evaluate('window.sessionlog.client.request("create_session")')
     page.wait_for_function("window.sessionlog.sessions.size === 1")
     sid = page.evaluate("[...window.sessionlog.sessions.keys()][0]")
     page.wait_for_selector(f'#sessions li[data-id="{sid}"]')
@@ -212,8 +212,7 @@ def test_project_chip_states(serve, browser, tmp_path):
     folder = tmp_path / "myproject"
     folder.mkdir()
     page = open_page(browser, serve.url)
-    page.evaluate(f'window.sessionlog.ws.send(JSON.stringify({{action: "create_project", name: "myproject", '
-                  f'path: "{folder}"}}))')
+    page.evaluate(f'window.sessionlog.client.request("create_project", {{name: "myproject", path: "{folder}"}})')
     page.wait_for_selector('#project-picker option:has-text("myproject")', state="attached")
     page.select_option("#project-picker", label="myproject")
     shot(page, "project-draft")
@@ -258,8 +257,7 @@ def test_a_reconnecting_page_asks_only_for_what_it_missed(serve, browser):
         const orig = WebSocket.prototype.send;
         window.sent = [];
         WebSocket.prototype.send = function (d) { window.sent.push(d); return orig.call(this, d); };
-        window.sessionlog.backoff = 3000;
-        window.sessionlog.ws.close();
+        window.sessionlog.client.close();  // away until started again
     }""")
     page.wait_for_selector(".conn.offline")
 
@@ -269,6 +267,7 @@ def test_a_reconnecting_page_asks_only_for_what_it_missed(serve, browser):
             await c.request("delete_session", session_id=ids[1])
             await c.request("create_session", title="made while away")
     trio.run(while_away)
+    page.evaluate("window.sessionlog.client.start()")
     page.wait_for_selector(".conn.online", timeout=20_000)
     page.wait_for_selector(f'#sessions li[data-id="{ids[1]}"]', state="detached")
     page.wait_for_function(f'document.querySelector(\'#sessions li[data-id="{ids[0]}"]\')'

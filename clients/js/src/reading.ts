@@ -14,6 +14,10 @@ export interface Chunk {
   offset: string
   closed: boolean
   status?: "done" | "error" | "aborted"
+  /** The server lost a tail it had sent (it crashed before that tail was
+   * durable: docs/PROTOCOL.md): this chunk starts again from the stream's
+   * start. Drop the text you had: `text = chunk.restart ? chunk.text : text + chunk.text`. */
+  restart?: true
 }
 
 export interface ReadOptions {
@@ -115,6 +119,8 @@ export async function* readText(url: string, t: Transport, opts: ReadOptions = {
   opts.signal?.addEventListener("abort", abort, { once: true })
   let offset = opts.offset ?? "-1"
   let delay = BACKOFF.initialDelay
+  let delivered = false  // (a refused offset after a delivery is a tail the server lost)
+  let restart = false
   try {
     for (;;) {
       let ended = false
@@ -125,17 +131,25 @@ export async function* readText(url: string, t: Transport, opts: ReadOptions = {
           const c = item.chunk
           offset = c.offset
           delay = BACKOFF.initialDelay
+          if (restart) c.restart = true
           if (c.closed) {
             c.status = await closure(url, t)
             yield c
             return
           }
-          if (c.text) yield c
+          if (c.text || restart) {
+            restart = false
+            delivered = true
+            yield c
+          }
         }
       } catch (e) {
         if (inner.signal.aborted) throw opts.signal?.reason ?? e
         const r = refusal(e)
-        if (r) throw r
+        if (r?.code === "bad_offset" && delivered) {
+          offset = "-1"
+          restart = true
+        } else if (r) throw r
         ended = false  // cut: read again from the last offset
       }
       if (ended && live === false) return

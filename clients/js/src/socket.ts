@@ -137,6 +137,16 @@ export class SocketClient {
     this.#lose?.()
   }
 
+  /** Reconnect at once (a new token was given), not after the backoff. */
+  reconnect(): void {
+    if (this.#stopped) return
+    if (this.#retry) clearTimeout(this.#retry)
+    this.#retry = null
+    this.#backoff = 0
+    if (this.#lose) this.#lose()
+    else this.#connect()
+  }
+
   /** Change the credential (the next connection uses it). */
   setToken(token: string): void {
     this.#token = token
@@ -173,7 +183,7 @@ export class SocketClient {
       this.#emit("close", { everOpened: this.everOpened, failedOpens: this.failedOpens })
       if (this.#stopped) return
       this.#retry = setTimeout(() => { this.#retry = null; if (!this.#stopped) this.#connect() }, this.#backoff)
-      this.#backoff = Math.min(this.#backoff * 2, 5000)
+      this.#backoff = Math.min(Math.max(this.#backoff * 2, 250), 5000)
     }
     ws.onclose = lose
     // (a browser follows an error with a close; Node 20's WebSocket may not, for a refused connection)

@@ -1,830 +1,1229 @@
-// sessionlog's page: no build step; vendored markdown-it, DOMPurify and
-// highlight.js (static/vendor/, with their licenses). One WebSocket to /ws on
-// the same origin; every piece of state comes from the server (list_sessions,
-// load_session, msg_update pushes, broadcasts). Re-join after a reload or a
-// dropped socket: load_session, then subscribe_msg for every running message
-// with the content the page already has (offset), patching on each msg_update.
-// Messages are updated in place (a selection survives a stream): a node is
-// built once per message and only its changed parts are touched.
-"use strict";
-
-// The token comes in the URL once, in its fragment (`#token=`, which no
-// browser sends to a server or a proxy; `?token=` is read too), then lives in
-// this tab's sessionStorage: the address bar (history, bookmarks,
-// screenshots) does not keep it. The socket carries it in a subprotocol,
-// never in a URL (a proxy's access log would keep it).
-const TOKEN_KEY = "sessionlog-token";
-let TOKEN = (() => {
-  const q = new URLSearchParams(location.search);
-  const h = new URLSearchParams(location.hash.slice(1));
-  const given = h.get("token") ?? q.get("token");
-  if (given === null) return sessionStorage.getItem(TOKEN_KEY) || "";
-  sessionStorage.setItem(TOKEN_KEY, given);
-  q.delete("token");
-  h.delete("token");
-  const rest = q.toString(), frag = h.toString();
-  history.replaceState(null, "", `${location.pathname}${rest ? "?" + rest : ""}${frag ? "#" + frag : ""}`);
-  return given;
-})();
-// The token as the server reads it from the subprotocol it is offered in
-// (edge/auth.py): UTF-8, unpadded base64url.
-function tokenProtocol(token) {
-  const bytes = new TextEncoder().encode(token);
-  let bin = "";
-  for (const b of bytes) bin += String.fromCharCode(b);
-  return "sessionlog.token." + btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
-}
-const BRANDS = { wechat: "WeChat", discord: "Discord", slack: "Slack", telegram: "Telegram", whatsapp: "WhatsApp" };
-const $ = (id) => document.getElementById(id);
-const EMPTY_CHAT = "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost.";
-
-const state = {
-  ws: null, online: false, backoff: 250, nextId: 1, waiting: new Map(),
-  everOpened: false, failedOpens: 0,
-  sessions: new Map(),        // id -> row
-  projects: [],
-  view: "active",
-  search: "",
-  current: null,              // session id, or null for a draft (a draft has no id until its first message)
-  messages: new Map(),        // msg_id -> message (current session)
-  order: [],                  // msg ids of the current branch, in order
-  nodes: new Map(),           // msg_id -> its element
-  subscribed: new Set(),
-  dirty: new Set(),           // msg ids whose node is behind their message (drawn on the next frame)
-  running: [],                // list_running, across sessions
-  draftProject: "default",
-  renameFor: null,            // the session a rename field is open for
-};
-window.sessionlog = state;    // for tests and the curious
-
-// -- Markdown, sanitized ---------------------------------------------------------
-
-const md = window.markdownit({
-  html: false, linkify: true, breaks: false,
-  highlight: (code, lang) => {
-    if (lang && window.hljs?.getLanguage(lang)) {
-      try { return window.hljs.highlight(code, { language: lang, ignoreIllegals: true }).value; } catch { /* plain */ }
+// Built from clients/page/app.js and the TypeScript client (clients/js/) by esbuild: `python3 dev.py page`. Do not edit.
+(() => {
+  var __defProp = Object.defineProperty;
+  var __typeError = (msg) => {
+    throw TypeError(msg);
+  };
+  var __defNormalProp = (obj, key, value) => key in obj ? __defProp(obj, key, { enumerable: true, configurable: true, writable: true, value }) : obj[key] = value;
+  var __publicField = (obj, key, value) => __defNormalProp(obj, typeof key !== "symbol" ? key + "" : key, value);
+  var __accessCheck = (obj, member, msg) => member.has(obj) || __typeError("Cannot " + msg);
+  var __privateGet = (obj, member, getter) => (__accessCheck(obj, member, "read from private field"), getter ? getter.call(obj) : member.get(obj));
+  var __privateAdd = (obj, member, value) => member.has(obj) ? __typeError("Cannot add the same private member more than once") : member instanceof WeakSet ? member.add(obj) : member.set(obj, value);
+  var __privateSet = (obj, member, value, setter) => (__accessCheck(obj, member, "write to private field"), setter ? setter.call(obj, value) : member.set(obj, value), value);
+  var __privateMethod = (obj, member, method) => (__accessCheck(obj, member, "access private method"), method);
+  var __privateWrapper = (obj, member, setter, getter) => ({
+    set _(value) {
+      __privateSet(obj, member, value, setter);
+    },
+    get _() {
+      return __privateGet(obj, member, getter);
     }
-    return "";
-  },
-});
-DOMPurify.addHook("afterSanitizeAttributes", (node) => {
-  if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
-});
-const PURIFY = { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "svg", "math", "form", "input"], FORBID_ATTR: ["style"] };
-
-function markdownBlocks(text) {
-  const frag = DOMPurify.sanitize(md.render(text), PURIFY);
-  return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
-}
-
-// Render into `box` touching only the top-level blocks that changed: the
-// blocks above the one being written keep their nodes (and any selection).
-// A block that holds the user's selection is left as it is while the
-// selection lasts (the text it gains shows once the selection goes).
-function renderMarkdownInto(box, text) {
-  const fresh = markdownBlocks(text);
-  const old = [...box.childNodes];
-  const sel = window.getSelection();
-  const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
-  box._pending = null;
-  fresh.forEach((n, i) => {
-    const html = n.outerHTML ?? n.textContent;
-    if (i < old.length && old[i]._html === html) return;
-    if (i < old.length && held(old[i])) { box._pending = text; heldBoxes.add(box); return; }  // later
-    n._html = html;
-    if (n.tagName === "PRE") addCopyButton(n);
-    if (i < old.length) old[i].replaceWith(n); else box.append(n);
   });
-  for (const n of old.slice(fresh.length)) {
-    if (held(n)) { box._pending = text; heldBoxes.add(box); } else n.remove();
-  }
-}
 
-const heldBoxes = new Set();
-document.addEventListener("selectionchange", () => {
-  for (const box of [...heldBoxes]) {
-    heldBoxes.delete(box);
-    if (box._pending != null && box.isConnected) keepBottom(() => renderMarkdownInto(box, box._pending));
-  }
-});
-
-function addCopyButton(pre) {
-  const b = el("button", { class: "copy", type: "button", "aria-label": "Copy code" }, "Copy");
-  b.addEventListener("click", async () => {
-    const code = pre.querySelector("code")?.textContent ?? pre.textContent;
-    try { await navigator.clipboard.writeText(code); b.textContent = "Copied"; } catch { b.textContent = "Select and copy"; }
-    setTimeout(() => { b.textContent = "Copy"; }, 1500);
-  });
-  pre.prepend(b);
-}
-
-// -- the socket --------------------------------------------------------------
-
-function connect() {
-  // Relative to the page, so that it works under any path prefix (--root-path).
-  const url = new URL("ws", location.href);
-  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-  url.search = "";
-  url.hash = "";
-  const ws = new WebSocket(url.href, ["sessionlog.v1", tokenProtocol(TOKEN)]);
-  let opened = false;
-  state.ws = ws;
-  state.lose = () => lose();
-  ws.onopen = () => {
-    state.lastFrameAt = Date.now();
-    opened = true; state.everOpened = true; state.failedOpens = 0;
-    state.online = true; state.backoff = 250; $("token-box").hidden = true; showConn(); rejoinAll();
+  // clients/js/src/errors.ts
+  var ApiError = class extends Error {
+    constructor(status, code, message) {
+      super(`${code}: ${message}`);
+      __publicField(this, "status");
+      __publicField(this, "code");
+      this.name = "ApiError";
+      this.status = status;
+      this.code = code;
+    }
   };
-  ws.onmessage = (ev) => { state.lastFrameAt = Date.now(); onFrame(JSON.parse(ev.data)); };
-  const lose = ws.onclose = () => {
-    if (state.ws !== ws) return;
-    state.ws = null; state.lose = null;
-    try { ws.close(); } catch { /* closing already */ }
-    state.online = false; showConn();
-    for (const [, p] of state.waiting) p.reject(new Error("connection lost"));
-    state.waiting.clear();
-    state.subscribed.clear();
-    if (!opened) state.failedOpens += 1;
-    if (state.failedOpens >= 3) checkRefused();
-    setTimeout(connect, state.backoff);
-    state.backoff = Math.min(state.backoff * 2, 5000);
+  var ConnectionLost = class extends Error {
+    constructor(message = "connection lost") {
+      super(message);
+      this.name = "ConnectionLost";
+    }
   };
-}
 
-// A connection that died without a close (a laptop asleep, a network gone)
-// is noticed by the browser late: ask every HEARTBEAT ms, and treat no answer
-// within as long as a lost connection.
-// Any frame counts as a sign of life (a long request's answer too): a ping
-// goes out only after HEARTBEAT ms of silence, and 2 * HEARTBEAT of silence
-// is a lost connection, dropped at once (close() alone waits for the closing
-// handshake to time out, over a minute with the network gone).
-const HEARTBEAT = 15000;
-setInterval(() => {
-  if (!state.online) return;
-  const quiet = Date.now() - state.lastFrameAt;
-  if (quiet > 2 * HEARTBEAT) state.lose?.();
-  else if (quiet > HEARTBEAT) request("list_running").catch(() => { /* lost: handled by lose() */ });
-}, HEARTBEAT / 3);
-window.addEventListener("offline", () => state.lose?.());
+  // clients/js/src/types.ts
+  var TERMINAL = /* @__PURE__ */ new Set(["done", "error", "aborted"]);
 
-// A socket that never opens while the page's server answers: the handshake
-// is refused (a new token after a restart, most likely). Say what to do.
-async function checkRefused() {
-  try {
-    const r = await fetch(new URL("static/app.js", location.href), { method: "HEAD", cache: "no-store" });
-    if (r.ok && !state.online && $("token-box").hidden) { $("token-box").hidden = false; $("token-input").focus(); }
-  } catch { /* the server is down: keep reconnecting */ }
-}
-
-// A request always settles: with its answer, an error, a lost connection,
-// or after REQUEST_TIMEOUT ms.
-const REQUEST_TIMEOUT = 60000;
-function request(action, fields = {}) {
-  return new Promise((resolve, reject) => {
-    if (!state.online) { reject(new Error("offline: reconnecting…")); return; }
-    const id = state.nextId++;
-    const timer = setTimeout(() => {
-      if (state.waiting.delete(id)) reject(new Error("no answer from the server"));
-    }, REQUEST_TIMEOUT);
-    const done = (f) => (v) => { clearTimeout(timer); f(v); };
-    state.waiting.set(id, { resolve: done(resolve), reject: done(reject) });
-    state.ws.send(JSON.stringify({ action, request_id: id, ...fields }));
-  });
-}
-
-function onFrame(f) {
-  let rid = f.request_id;
-  if (f.type === "error" && rid === undefined && state.waiting.size) {
-    // The server could not read the frame (too large): it answers frames in
-    // order, so the error is the oldest waiting request's.
-    rid = state.waiting.keys().next().value;
+  // clients/js/src/socket.ts
+  var PROTOCOL = "sessionlog.v1";
+  function tokenProtocol(token) {
+    let bin = "";
+    for (const b of new TextEncoder().encode(token)) bin += String.fromCharCode(b);
+    return "sessionlog.token." + btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
   }
-  const waiter = rid !== undefined ? state.waiting.get(rid) : undefined;
-  if (waiter) {
-    state.waiting.delete(rid);
-    if (f.type === "error") waiter.reject(Object.assign(new Error(f.data.message), { code: f.data.code }));
-    else waiter.resolve(f.data);
-    return;
-  }
-  if (f.data && typeof f.data.rev === "string") state.rev = f.data.rev;  // the session list's position
-  switch (f.type) {
-    case "msg_update": return patch(f.data);
-    case "message_created": return addMessage(f.data.session_id, f.data.message);
-    case "session_created": state.sessions.set(f.data.session.id, f.data.session); return renderSidebar();
-    case "session_updated": {
-      const row = state.sessions.get(f.data.id);
-      const { rev, ...fields } = f.data;
+  var _opts, _WS, _ws, _token, _backoff, _nextId, _waiting, _subs, _listeners, _lastFrameAt, _timer, _retry, _stopped, _lose, _SocketClient_instances, emit_fn, connect_fn, onFrame_fn, applyChange_fn, handle_fn, subscribe_fn, update_fn;
+  var SocketClient = class {
+    constructor(opts) {
+      __privateAdd(this, _SocketClient_instances);
+      __publicField(this, "url");
+      __publicField(this, "online", false);
+      __publicField(this, "everOpened", false);
+      __publicField(this, "failedOpens", 0);
+      /** The session list (id → row), kept live. */
+      __publicField(this, "sessions", /* @__PURE__ */ new Map());
+      /** The list's position (`rev`): a reconnect asks for what changed after it. */
+      __publicField(this, "rev", null);
+      __privateAdd(this, _opts);
+      __privateAdd(this, _WS);
+      __privateAdd(this, _ws, null);
+      __privateAdd(this, _token);
+      __privateAdd(this, _backoff, 250);
+      __privateAdd(this, _nextId, 1);
+      __privateAdd(this, _waiting, /* @__PURE__ */ new Map());
+      __privateAdd(this, _subs, /* @__PURE__ */ new Map());
+      __privateAdd(this, _listeners, {
+        open: /* @__PURE__ */ new Set(),
+        close: /* @__PURE__ */ new Set(),
+        push: /* @__PURE__ */ new Set(),
+        sessions: /* @__PURE__ */ new Set(),
+        error: /* @__PURE__ */ new Set()
+      });
+      __privateAdd(this, _lastFrameAt, 0);
+      __privateAdd(this, _timer, null);
+      __privateAdd(this, _retry, null);
+      __privateAdd(this, _stopped, false);
+      __privateAdd(this, _lose, null);
+      this.url = opts.url;
+      __privateSet(this, _token, opts.token);
+      __privateSet(this, _WS, opts.WebSocket ?? globalThis.WebSocket);
+      __privateSet(this, _opts, { heartbeatMs: 15e3, requestTimeoutMs: 6e4, followSessions: true, ...opts });
+    }
+    /** Listen; returns the function that stops listening. */
+    on(type, fn) {
+      __privateGet(this, _listeners)[type].add(fn);
+      return () => __privateGet(this, _listeners)[type].delete(fn);
+    }
+    /** Connect, and keep reconnecting until `close()`. */
+    start() {
+      __privateSet(this, _stopped, false);
+      __privateMethod(this, _SocketClient_instances, connect_fn).call(this);
+      const hb = __privateGet(this, _opts).heartbeatMs;
+      __privateGet(this, _timer) ?? __privateSet(this, _timer, setInterval(() => {
+        var _a;
+        if (!this.online) return;
+        const quiet = Date.now() - __privateGet(this, _lastFrameAt);
+        if (quiet > 2 * hb) (_a = __privateGet(this, _lose)) == null ? void 0 : _a.call(this);
+        else if (quiet > hb) this.request("list_running").catch(() => {
+        });
+      }, hb / 3));
+      return this;
+    }
+    /** Stop for good: the connection closes, requests in flight are refused. */
+    close() {
+      var _a;
+      __privateSet(this, _stopped, true);
+      if (__privateGet(this, _timer)) clearInterval(__privateGet(this, _timer));
+      if (__privateGet(this, _retry)) clearTimeout(__privateGet(this, _retry));
+      __privateSet(this, _timer, __privateSet(this, _retry, null));
+      (_a = __privateGet(this, _lose)) == null ? void 0 : _a.call(this);
+    }
+    /** Drop the connection now (e.g. the browser went offline): it reconnects. */
+    drop() {
+      var _a;
+      (_a = __privateGet(this, _lose)) == null ? void 0 : _a.call(this);
+    }
+    /** Reconnect at once (a new token was given), not after the backoff. */
+    reconnect() {
+      if (__privateGet(this, _stopped)) return;
+      if (__privateGet(this, _retry)) clearTimeout(__privateGet(this, _retry));
+      __privateSet(this, _retry, null);
+      __privateSet(this, _backoff, 0);
+      if (__privateGet(this, _lose)) __privateGet(this, _lose).call(this);
+      else __privateMethod(this, _SocketClient_instances, connect_fn).call(this);
+    }
+    /** Change the credential (the next connection uses it). */
+    setToken(token) {
+      __privateSet(this, _token, token);
+    }
+    /** One action: its answer's `data`, an ApiError with the server's code, or
+     * ConnectionLost. Always settles (at the latest after `requestTimeoutMs`). */
+    request(action, fields = {}) {
+      return new Promise((resolve, reject) => {
+        if (!this.online || !__privateGet(this, _ws)) return reject(new ConnectionLost("offline: reconnecting…"));
+        const id = __privateWrapper(this, _nextId)._++;
+        const timer = setTimeout(() => {
+          if (__privateGet(this, _waiting).delete(id)) reject(new ConnectionLost("no answer from the server"));
+        }, __privateGet(this, _opts).requestTimeoutMs);
+        __privateGet(this, _waiting).set(id, {
+          resolve: (v) => {
+            clearTimeout(timer);
+            resolve(v);
+          },
+          reject: (e) => {
+            clearTimeout(timer);
+            reject(e);
+          }
+        });
+        __privateGet(this, _ws).send(JSON.stringify({ action, request_id: id, ...fields }));
+      });
+    }
+    /** Ask for the list: after a reconnect only what changed since `rev` (exact
+     * resume), or all of it when the server cannot say (a restart). */
+    async refreshSessions() {
+      const query = { include_archived: true, limit: 1e3, ...__privateGet(this, _opts).listQuery };
+      const list = await this.request(
+        "list_sessions",
+        this.rev ? { ...query, since: this.rev } : query
+      );
+      if ("changes" in list) for (const ch of list.changes) __privateMethod(this, _SocketClient_instances, applyChange_fn).call(this, ch);
+      else this.sessions = new Map(list.rows.map((r) => [r.id, r]));
+      this.rev = list.rev;
+      __privateMethod(this, _SocketClient_instances, emit_fn).call(this, "sessions");
+    }
+    // -- message subscriptions ------------------------------------------------------
+    /** Follow a message from `offset` (the characters you have). `onUpdate` gets
+     * each `msg_update` trimmed to exactly what is new (`offset` where its
+     * `content_delta` starts: the end of what was delivered), across
+     * reconnects, until a terminal status. Apply each as the protocol says,
+     * `content = content.slice(0, offset) + content_delta`: after a server
+     * crash, a tail that was delivered but never durable is taken back by an
+     * update whose `offset` is below what was delivered. Subscribing again to the same message
+     * with another offset replaces the subscription. */
+    subscribeMessage(sessionId, msgId, opts) {
+      const key = `${sessionId}/${msgId}`;
+      const had = __privateGet(this, _subs).get(key);
+      const offset = opts.offset ?? 0;
+      if (had && had.offset === offset) {
+        had.onUpdate = opts.onUpdate;
+        return __privateMethod(this, _SocketClient_instances, handle_fn).call(this, key, had);
+      }
+      if (had) had.closed = true;
+      const s = { sessionId, msgId, offset, status: "running", onUpdate: opts.onUpdate, closed: false };
+      __privateGet(this, _subs).set(key, s);
+      if (this.online) __privateMethod(this, _SocketClient_instances, subscribe_fn).call(this, s);
+      return __privateMethod(this, _SocketClient_instances, handle_fn).call(this, key, s);
+    }
+    /** Is this message followed? */
+    isSubscribed(sessionId, msgId) {
+      return __privateGet(this, _subs).has(`${sessionId}/${msgId}`);
+    }
+  };
+  _opts = new WeakMap();
+  _WS = new WeakMap();
+  _ws = new WeakMap();
+  _token = new WeakMap();
+  _backoff = new WeakMap();
+  _nextId = new WeakMap();
+  _waiting = new WeakMap();
+  _subs = new WeakMap();
+  _listeners = new WeakMap();
+  _lastFrameAt = new WeakMap();
+  _timer = new WeakMap();
+  _retry = new WeakMap();
+  _stopped = new WeakMap();
+  _lose = new WeakMap();
+  _SocketClient_instances = new WeakSet();
+  emit_fn = function(type, ...args) {
+    for (const fn of __privateGet(this, _listeners)[type]) fn(...args);
+  };
+  connect_fn = function() {
+    const ws = new (__privateGet(this, _WS))(this.url, [PROTOCOL, tokenProtocol(__privateGet(this, _token))]);
+    let opened = false;
+    __privateSet(this, _ws, ws);
+    ws.onopen = () => {
+      __privateSet(this, _lastFrameAt, Date.now());
+      opened = true;
+      this.everOpened = true;
+      this.failedOpens = 0;
+      this.online = true;
+      __privateSet(this, _backoff, 250);
+      for (const s of __privateGet(this, _subs).values()) __privateMethod(this, _SocketClient_instances, subscribe_fn).call(this, s);
+      if (__privateGet(this, _opts).followSessions) this.refreshSessions().catch(() => {
+      });
+      __privateMethod(this, _SocketClient_instances, emit_fn).call(this, "open");
+    };
+    ws.onmessage = (ev) => {
+      __privateSet(this, _lastFrameAt, Date.now());
+      __privateMethod(this, _SocketClient_instances, onFrame_fn).call(this, JSON.parse(String(ev.data)));
+    };
+    const lose = () => {
+      if (__privateGet(this, _ws) !== ws) return;
+      __privateSet(this, _ws, null);
+      __privateSet(this, _lose, null);
+      try {
+        ws.close();
+      } catch {
+      }
+      this.online = false;
+      for (const [, w] of __privateGet(this, _waiting)) w.reject(new ConnectionLost());
+      __privateGet(this, _waiting).clear();
+      if (!opened) this.failedOpens += 1;
+      __privateMethod(this, _SocketClient_instances, emit_fn).call(this, "close", { everOpened: this.everOpened, failedOpens: this.failedOpens });
+      if (__privateGet(this, _stopped)) return;
+      __privateSet(this, _retry, setTimeout(() => {
+        __privateSet(this, _retry, null);
+        if (!__privateGet(this, _stopped)) __privateMethod(this, _SocketClient_instances, connect_fn).call(this);
+      }, __privateGet(this, _backoff)));
+      __privateSet(this, _backoff, Math.min(Math.max(__privateGet(this, _backoff) * 2, 250), 5e3));
+    };
+    ws.onclose = lose;
+    ws.onerror = lose;
+    __privateSet(this, _lose, lose);
+  };
+  onFrame_fn = function(f) {
+    let rid = f.request_id;
+    if (f.type === "error" && rid === void 0 && __privateGet(this, _waiting).size) {
+      rid = __privateGet(this, _waiting).keys().next().value;
+    }
+    const waiter = rid !== void 0 ? __privateGet(this, _waiting).get(rid) : void 0;
+    if (waiter) {
+      __privateGet(this, _waiting).delete(rid);
+      if (f.type === "error") waiter.reject(new ApiError(0, f.data.code, f.data.message));
+      else waiter.resolve(f.data);
+      return;
+    }
+    if (f.type === "msg_update") __privateMethod(this, _SocketClient_instances, update_fn).call(this, f.data);
+    else if (f.type === "session_created" || f.type === "session_updated" || f.type === "session_deleted") {
+      __privateMethod(this, _SocketClient_instances, applyChange_fn).call(this, f);
+      __privateMethod(this, _SocketClient_instances, emit_fn).call(this, "sessions");
+    } else if (f.type === "error") __privateMethod(this, _SocketClient_instances, emit_fn).call(this, "error", new ApiError(0, f.data.code, f.data.message));
+    __privateMethod(this, _SocketClient_instances, emit_fn).call(this, "push", f);
+  };
+  // -- the session list ---------------------------------------------------------
+  applyChange_fn = function(ch) {
+    const d = ch.data;
+    if (typeof d.rev === "string") this.rev = d.rev;
+    if (ch.type === "session_created") this.sessions.set(d.session.id, d.session);
+    else if (ch.type === "session_deleted") this.sessions.delete(d.session_id);
+    else {
+      const row = this.sessions.get(d.id);
+      const { rev: _rev, ...fields } = d;
       if (row) Object.assign(row, fields);
-      renderSidebar();
-      if (f.data.id === state.current) renderHeader();
-      if ("status" in fields) refreshRunning();
+    }
+  };
+  handle_fn = function(key, s) {
+    const client2 = this;
+    return {
+      sessionId: s.sessionId,
+      msgId: s.msgId,
+      get offset() {
+        return s.offset;
+      },
+      get status() {
+        return s.status;
+      },
+      close() {
+        if (s.closed) return;
+        s.closed = true;
+        if (__privateGet(client2, _subs).get(key) === s) __privateGet(client2, _subs).delete(key);
+        if (client2.online) client2.request("unsubscribe_msg", { session_id: s.sessionId, msg_id: s.msgId }).catch(() => {
+        });
+      }
+    };
+  };
+  subscribe_fn = function(s) {
+    this.request("subscribe_msg", { session_id: s.sessionId, msg_id: s.msgId, offset: s.offset }).catch((e) => {
+      if (__privateGet(this, _subs).get(`${s.sessionId}/${s.msgId}`) !== s) return;
+      if (e instanceof ApiError && e.code === "bad_offset" && s.offset > 0) {
+        s.offset = 0;
+        __privateMethod(this, _SocketClient_instances, subscribe_fn).call(this, s);
+        return;
+      }
+      if (e instanceof ApiError) {
+        __privateGet(this, _subs).delete(`${s.sessionId}/${s.msgId}`);
+        s.closed = true;
+        __privateMethod(this, _SocketClient_instances, emit_fn).call(this, "error", e);
+      }
+    });
+  };
+  update_fn = function(u) {
+    const key = `${u.session_id}/${u.msg_id}`;
+    const s = __privateGet(this, _subs).get(key);
+    if (!s || s.closed) return;
+    const end = u.offset + u.content_delta.length;
+    if (u.offset > s.offset) {
+      __privateMethod(this, _SocketClient_instances, subscribe_fn).call(this, s);
       return;
     }
-    case "session_deleted":
-      state.sessions.delete(f.data.session_id);
-      if (f.data.session_id === state.current) openDraft();
+    const delta = u.content_delta.slice(s.offset - u.offset);
+    if (end < s.offset) {
+      if (!TERMINAL.has(u.status)) return;
+    }
+    const fresh = { ...u, offset: s.offset, content_delta: end < s.offset ? "" : delta };
+    s.offset = Math.max(s.offset, end);
+    s.status = u.status;
+    if (TERMINAL.has(u.status)) {
+      s.closed = true;
+      __privateGet(this, _subs).delete(key);
+    }
+    s.onUpdate(fresh);
+  };
+
+  // clients/page/app.js
+  var TOKEN_KEY = "sessionlog-token";
+  var TOKEN = (() => {
+    const q = new URLSearchParams(location.search);
+    const h = new URLSearchParams(location.hash.slice(1));
+    const given = h.get("token") ?? q.get("token");
+    if (given === null) return sessionStorage.getItem(TOKEN_KEY) || "";
+    sessionStorage.setItem(TOKEN_KEY, given);
+    q.delete("token");
+    h.delete("token");
+    const rest = q.toString(), frag = h.toString();
+    history.replaceState(null, "", `${location.pathname}${rest ? "?" + rest : ""}${frag ? "#" + frag : ""}`);
+    return given;
+  })();
+  var BRANDS = { wechat: "WeChat", discord: "Discord", slack: "Slack", telegram: "Telegram", whatsapp: "WhatsApp" };
+  var $ = (id) => document.getElementById(id);
+  var EMPTY_CHAT = "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost.";
+  function socketUrl() {
+    const url = new URL("ws", location.href);
+    url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    url.search = "";
+    url.hash = "";
+    return url.href;
+  }
+  var client = new SocketClient({ url: socketUrl(), token: TOKEN, followSessions: false });
+  var request = (action, fields = {}) => client.request(action, fields);
+  var state = {
+    client,
+    get online() {
+      return client.online;
+    },
+    get everOpened() {
+      return client.everOpened;
+    },
+    get sessions() {
+      return client.sessions;
+    },
+    // id -> row, kept live by the client
+    follows: /* @__PURE__ */ new Map(),
+    // msg_id -> the client's subscription (messages of the current session)
+    projects: [],
+    view: "active",
+    search: "",
+    current: null,
+    // session id, or null for a draft (a draft has no id until its first message)
+    messages: /* @__PURE__ */ new Map(),
+    // msg_id -> message (current session)
+    order: [],
+    // msg ids of the current branch, in order
+    nodes: /* @__PURE__ */ new Map(),
+    // msg_id -> its element
+    dirty: /* @__PURE__ */ new Set(),
+    // msg ids whose node is behind their message (drawn on the next frame)
+    running: [],
+    // list_running, across sessions
+    draftProject: "default",
+    renameFor: null
+    // the session a rename field is open for
+  };
+  window.sessionlog = state;
+  var md = window.markdownit({
+    html: false,
+    linkify: true,
+    breaks: false,
+    highlight: (code, lang) => {
+      if (lang && window.hljs?.getLanguage(lang)) {
+        try {
+          return window.hljs.highlight(code, { language: lang, ignoreIllegals: true }).value;
+        } catch {
+        }
+      }
+      return "";
+    }
+  });
+  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A") {
+      node.setAttribute("target", "_blank");
+      node.setAttribute("rel", "noopener noreferrer");
+    }
+  });
+  var PURIFY = { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "svg", "math", "form", "input"], FORBID_ATTR: ["style"] };
+  function markdownBlocks(text) {
+    const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+    return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
+  }
+  function renderMarkdownInto(box, text) {
+    const fresh = markdownBlocks(text);
+    const old = [...box.childNodes];
+    const sel = window.getSelection();
+    const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
+    box._pending = null;
+    fresh.forEach((n, i) => {
+      const html = n.outerHTML ?? n.textContent;
+      if (i < old.length && old[i]._html === html) return;
+      if (i < old.length && held(old[i])) {
+        box._pending = text;
+        heldBoxes.add(box);
+        return;
+      }
+      n._html = html;
+      if (n.tagName === "PRE") addCopyButton(n);
+      if (i < old.length) old[i].replaceWith(n);
+      else box.append(n);
+    });
+    for (const n of old.slice(fresh.length)) {
+      if (held(n)) {
+        box._pending = text;
+        heldBoxes.add(box);
+      } else n.remove();
+    }
+  }
+  var heldBoxes = /* @__PURE__ */ new Set();
+  document.addEventListener("selectionchange", () => {
+    for (const box of [...heldBoxes]) {
+      heldBoxes.delete(box);
+      if (box._pending != null && box.isConnected) keepBottom(() => renderMarkdownInto(box, box._pending));
+    }
+  });
+  function addCopyButton(pre) {
+    const b = el("button", { class: "copy", type: "button", "aria-label": "Copy code" }, "Copy");
+    b.addEventListener("click", async () => {
+      const code = pre.querySelector("code")?.textContent ?? pre.textContent;
+      try {
+        await navigator.clipboard.writeText(code);
+        b.textContent = "Copied";
+      } catch {
+        b.textContent = "Select and copy";
+      }
+      setTimeout(() => {
+        b.textContent = "Copy";
+      }, 1500);
+    });
+    pre.prepend(b);
+  }
+  client.on("open", () => {
+    $("token-box").hidden = true;
+    showConn();
+    rejoinAll();
+  });
+  client.on("close", ({ failedOpens }) => {
+    showConn();
+    if (failedOpens >= 3) checkRefused();
+  });
+  client.on("push", onFrame);
+  client.on("sessions", () => renderSidebar());
+  client.on("error", (e) => {
+    if (e.code !== "unknown_message") showError(e.message);
+  });
+  window.addEventListener("offline", () => client.drop());
+  async function checkRefused() {
+    try {
+      const r = await fetch(new URL("static/app.js", location.href), { method: "HEAD", cache: "no-store" });
+      if (r.ok && !state.online && $("token-box").hidden) {
+        $("token-box").hidden = false;
+        $("token-input").focus();
+      }
+    } catch {
+    }
+  }
+  function onFrame(f) {
+    switch (f.type) {
+      case "message_created":
+        return addMessage(f.data.session_id, f.data.message);
+      case "session_updated":
+        if (f.data.id === state.current) renderHeader();
+        if ("status" in f.data) refreshRunning();
+        return;
+      case "session_deleted":
+        if (f.data.session_id === state.current) openDraft();
+        refreshRunning();
+        return;
+      case "head_moved":
+        if (f.data.session_id === state.current) openSession(state.current, { keep: true });
+        return;
+      case "projects_list":
+        state.projects = f.data.projects;
+        return renderProject();
+    }
+  }
+  async function rejoinAll() {
+    try {
+      await client.refreshSessions();
+      state.projects = (await request("list_projects")).projects;
+      renderProject();
       refreshRunning();
-      return renderSidebar();
-    case "head_moved":  // another tab switched branches: show the same branch here
-      if (f.data.session_id === state.current) openSession(state.current, { keep: true });
+      const sid = state.current || new URLSearchParams(location.hash.slice(1)).get("s");
+      if (sid && state.sessions.has(sid)) await openSession(sid, { keep: true });
+      else if (!state.current) openDraft();
+    } catch (e) {
+      showError(e.message);
+    }
+  }
+  async function refreshRunning(tries = 10) {
+    try {
+      state.running = (await request("list_running")).running || [];
+    } catch {
       return;
-    case "projects_list": state.projects = f.data.projects; return renderProject();
-    case "error": return showError(f.data.message);
+    }
+    renderRunning();
+    const listed = new Set(state.running.map((r) => r.session_id));
+    const rows = [...state.sessions.values()].filter((r) => r.status === "running" && !r.damaged);
+    if (tries > 0 && rows.some((r) => !listed.has(r.id))) setTimeout(() => refreshRunning(tries - 1), 300);
   }
-}
-
-async function rejoinAll() {
-  try {
-    // After a reconnect, ask only for what changed while away (exact resume of
-    // the list); the server answers with a full list when it cannot.
-    const list = await request("list_sessions", state.rev ? { include_archived: true, limit: 1000, since: state.rev }
-                                                          : { include_archived: true, limit: 1000 });
-    if (list.changes) {
-      for (const ch of list.changes) onFrame(ch);
-    } else {
-      state.sessions = new Map(list.rows.map((r) => [r.id, r]));
+  async function openSession(sid, { keep = false } = {}) {
+    const had = keep && sid === state.current ? state.messages : /* @__PURE__ */ new Map();
+    if (sid !== state.current) {
+      closeRename();
+      for (const f of state.follows.values()) f.close();
+      state.follows.clear();
     }
-    state.rev = list.rev;
-    renderSidebar();
-    state.projects = (await request("list_projects")).projects;
-    renderProject();
-    refreshRunning();
-    const sid = state.current || new URLSearchParams(location.hash.slice(1)).get("s");
-    if (sid && state.sessions.has(sid)) await openSession(sid, { keep: true });
-    else if (!state.current) openDraft();
-  } catch (e) { showError(e.message); }
-}
-
-// A row turns "running" as its reply's placeholder is written, a moment
-// before the reply is listed as running: ask again until the two agree.
-async function refreshRunning(tries = 10) {
-  try { state.running = (await request("list_running")).running || []; } catch { return; }
-  renderRunning();
-  const listed = new Set(state.running.map((r) => r.session_id));
-  const rows = [...state.sessions.values()].filter((r) => r.status === "running" && !r.damaged);
-  if (tries > 0 && rows.some((r) => !listed.has(r.id))) setTimeout(() => refreshRunning(tries - 1), 300);
-}
-
-// -- sessions and messages ---------------------------------------------------------
-
-async function openSession(sid, { keep = false } = {}) {
-  const had = keep && sid === state.current ? state.messages : new Map();
-  if (sid !== state.current) closeRename();
-  state.current = sid;
-  history.replaceState(null, "", `${location.pathname}${location.search}#s=${sid}`);
-  closeDrawer();
-  const loaded = await request("load_session", { session_id: sid });
-  if (state.current !== sid) return;
-  state.sessions.set(sid, loaded.session);
-  if (!keep) state.nodes = new Map();
-  state.messages = new Map();
-  state.order = [];
-  for (const m of loaded.messages) {
-    const mine = had.get(m.msg_id);
-    // Keep what the page already has when it is the same text plus more.
-    if (mine && m.status === "running" && mine.content.length > m.content.length && mine.content.startsWith(m.content)) {
-      m.content = mine.content;
+    state.current = sid;
+    history.replaceState(null, "", `${location.pathname}${location.search}#s=${sid}`);
+    closeDrawer();
+    const loaded = await request("load_session", { session_id: sid });
+    if (state.current !== sid) return;
+    state.sessions.set(sid, loaded.session);
+    if (!keep) state.nodes = /* @__PURE__ */ new Map();
+    state.messages = /* @__PURE__ */ new Map();
+    state.order = [];
+    for (const m of loaded.messages) {
+      const mine = had.get(m.msg_id);
+      if (mine && m.status === "running" && mine.content.length > m.content.length && mine.content.startsWith(m.content)) {
+        m.content = mine.content;
+      }
+      m._said = mine?._said ?? m.content.length;
+      state.messages.set(m.msg_id, m);
+      state.dirty.add(m.msg_id);
+      state.order.push(m.msg_id);
     }
-    m._said = mine?._said ?? m.content.length;  // what was there at load is not read out again
+    for (const m of loaded.messages) if (isOpen(m)) subscribe(m);
+    renderAll();
+  }
+  function subscribe(m) {
+    state.follows.set(m.msg_id, client.subscribeMessage(
+      state.current,
+      m.msg_id,
+      { offset: m.content.length, onUpdate: patch }
+    ));
+  }
+  function isOpen(m) {
+    return m.status === "running" || m.status === "pending";
+  }
+  function addMessage(sid, m) {
+    if (sid !== state.current || state.messages.has(m.msg_id)) return;
     state.messages.set(m.msg_id, m);
-    state.dirty.add(m.msg_id);  // a kept node is brought up to date (only what changed is touched)
+    if (!m.caller && m.parent_id !== void 0) {
+      const i = state.order.indexOf(m.parent_id);
+      if (m.parent_id && i >= 0) {
+        const keep = new Set(state.order.slice(0, i + 1));
+        state.order = state.order.filter((id) => keep.has(id) || state.messages.get(id)?.caller);
+      }
+      for (const sib of m.siblings || []) {
+        const s = state.messages.get(sib);
+        if (s) {
+          s.siblings = m.siblings;
+          state.dirty.add(sib);
+        }
+      }
+    }
     state.order.push(m.msg_id);
+    if (isOpen(m)) subscribe(m);
+    renderMessages();
+    renderComposer();
   }
-  state.subscribed.clear();
-  for (const m of loaded.messages) if (isOpen(m)) await subscribe(m);
-  renderAll();
-}
-
-async function subscribe(m) {
-  const key = m.msg_id;
-  if (state.subscribed.has(key)) return;
-  state.subscribed.add(key);
-  try {
-    await request("subscribe_msg", { session_id: state.current, msg_id: m.msg_id, offset: m.content.length });
-  } catch (e) { state.subscribed.delete(key); if (e.code !== "unknown_message") showError(e.message); }
-}
-
-function isOpen(m) { return m.status === "running" || m.status === "pending"; }
-
-function addMessage(sid, m) {
-  if (sid !== state.current || state.messages.has(m.msg_id)) return;
-  state.messages.set(m.msg_id, m);
-  if (!m.caller && m.parent_id !== undefined) {
-    // a new conversational node becomes head: the branch is root..parent, then it
-    const i = state.order.indexOf(m.parent_id);
-    if (m.parent_id && i >= 0) {
-      const keep = new Set(state.order.slice(0, i + 1));
-      state.order = state.order.filter((id) => keep.has(id) || state.messages.get(id)?.caller);
+  function patch(u) {
+    if (u.session_id !== state.current) return;
+    const m = state.messages.get(u.msg_id);
+    if (!m) return;
+    if (u.offset > m.content.length) {
+      openSession(state.current, { keep: true });
+      return;
     }
-    // its siblings now have one more branch
-    for (const sib of m.siblings || []) {
-      const s = state.messages.get(sib);
-      if (s) { s.siblings = m.siblings; state.dirty.add(sib); }
+    const wasOpen = isOpen(m);
+    m.content = m.content.slice(0, u.offset) + u.content_delta;
+    m.status = u.status;
+    if (u.tree !== null && u.tree !== void 0) m.metadata = { ...m.metadata, context_tree: u.tree };
+    if (u.aborted_reason) m.metadata = { ...m.metadata, aborted_reason: u.aborted_reason };
+    if (u.error) m.error = u.error;
+    if (!isOpen(m)) state.follows.delete(m.msg_id);
+    announce(m);
+    if (wasOpen && !isOpen(m)) {
+      keepBottom(() => drawNode(m));
+      renderComposer();
+      return;
+    }
+    state.dirty.add(m.msg_id);
+    scheduleDraw();
+  }
+  var drawScheduled = false;
+  function scheduleDraw() {
+    if (drawScheduled) return;
+    drawScheduled = true;
+    requestAnimationFrame(() => {
+      drawScheduled = false;
+      const dirty = [...state.dirty];
+      state.dirty.clear();
+      keepBottom(() => {
+        for (const id of dirty) {
+          const m = state.messages.get(id);
+          if (m) drawNode(m);
+        }
+      });
+    });
+  }
+  function announce(m) {
+    if (m.role !== "assistant" || m.caller) return;
+    const said = m._said ?? 0;
+    const upto = isOpen(m) ? m.content.lastIndexOf("\n\n") : m.content.length;
+    if (upto <= said) return;
+    const text = m.content.slice(said, upto).trim();
+    m._said = upto;
+    if (text) $("announce").textContent = text;
+    if (!isOpen(m)) {
+      const end = m.status === "done" ? "Reply finished." : `Reply ${m.status}.`;
+      setTimeout(() => {
+        $("announce").textContent = end;
+      }, 50);
     }
   }
-  state.order.push(m.msg_id);
-  if (isOpen(m)) subscribe(m);
-  renderMessages();
-  renderComposer();
-}
-
-function patch(u) {
-  if (u.session_id !== state.current) return;
-  const m = state.messages.get(u.msg_id);
-  if (!m) return;
-  if (u.offset > m.content.length) { openSession(state.current, { keep: true }); return; }  // never expected
-  const wasOpen = isOpen(m);
-  m.content = m.content.slice(0, u.offset) + u.content_delta;
-  m.status = u.status;
-  if (u.tree !== null && u.tree !== undefined) m.metadata = { ...m.metadata, context_tree: u.tree };
-  if (u.aborted_reason) m.metadata = { ...m.metadata, aborted_reason: u.aborted_reason };
-  if (u.error) m.error = u.error;
-  if (!isOpen(m)) state.subscribed.delete(m.msg_id);
-  announce(m);
-  if (wasOpen && !isOpen(m)) { keepBottom(() => drawNode(m)); renderComposer(); return; }  // the end: at once
-  state.dirty.add(m.msg_id);
-  scheduleDraw();
-}
-
-// Tokens arrive many times a frame: draw once per frame.
-let drawScheduled = false;
-function scheduleDraw() {
-  if (drawScheduled) return;
-  drawScheduled = true;
-  requestAnimationFrame(() => {
-    drawScheduled = false;
-    const dirty = [...state.dirty];
-    state.dirty.clear();
-    keepBottom(() => { for (const id of dirty) { const m = state.messages.get(id); if (m) drawNode(m); } });
-  });
-}
-
-// Read finished paragraphs of a streaming reply to screen readers, once each.
-function announce(m) {
-  if (m.role !== "assistant" || m.caller) return;
-  const said = m._said ?? 0;
-  const upto = isOpen(m) ? m.content.lastIndexOf("\n\n") : m.content.length;
-  if (upto <= said) return;
-  const text = m.content.slice(said, upto).trim();
-  m._said = upto;
-  if (text) $("announce").textContent = text;
-  if (!isOpen(m)) {
-    const end = m.status === "done" ? "Reply finished." : `Reply ${m.status}.`;
-    setTimeout(() => { $("announce").textContent = end; }, 50);
+  function openDraft() {
+    closeRename();
+    state.current = null;
+    state.messages = /* @__PURE__ */ new Map();
+    state.order = [];
+    state.nodes = /* @__PURE__ */ new Map();
+    history.replaceState(null, "", `${location.pathname}${location.search}`);
+    renderAll();
   }
-}
-
-function openDraft() {
-  closeRename();
-  state.current = null;
-  state.messages = new Map();
-  state.order = [];
-  state.nodes = new Map();
-  history.replaceState(null, "", `${location.pathname}${location.search}`);
-  renderAll();
-}
-
-// -- rendering -----------------------------------------------------------------
-
-function el(tag, attrs = {}, ...kids) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else e.setAttribute(k, v === true ? "" : v);
+  function el(tag, attrs = {}, ...kids) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v === null || v === void 0 || v === false) continue;
+      if (k === "class") e.className = v;
+      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v === true ? "" : v);
+    }
+    for (const k of kids) if (k !== null && k !== void 0) e.append(k);
+    return e;
   }
-  for (const k of kids) if (k !== null && k !== undefined) e.append(k);
-  return e;
-}
-
-function rowName(row) { return row.title || row.preview || "New chat"; }
-
-function displayTitle(row) {
-  const brand = BRANDS[row.source];
-  return brand ? [el("span", { class: "brand-prefix" }, `[${brand}] `), rowName(row)] : [rowName(row)];
-}
-
-function ago(seconds) {
-  if (!seconds) return "";
-  const d = Date.now() / 1000 - seconds;
-  if (d < 45) return "just now";
-  if (d < 3600) return `${Math.round(d / 60)} min ago`;
-  if (d < 86400) return `${Math.round(d / 3600)} h ago`;
-  if (d < 86400 * 7) return `${Math.round(d / 86400)} d ago`;
-  return new Date(seconds * 1000).toLocaleDateString();
-}
-
-function timeEl(seconds) {
-  if (!seconds) return null;
-  const at = new Date(seconds * 1000);
-  return el("time", { datetime: at.toISOString(), title: at.toLocaleString() }, ago(seconds));
-}
-
-function renderSidebar() {
-  const ul = $("sessions");
-  const q = state.search.trim().toLowerCase();
-  const rows = [...state.sessions.values()].filter((r) =>
-    (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived))
-    && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
-  rows.sort((a, b) => (b.pinned - a.pinned) || (b.updated_at - a.updated_at) || (a.id < b.id ? -1 : 1));
-  const items = rows.map((r) => el("li", { "data-id": r.id, class: r.id === state.current ? "current" : null },
-    el("button", { class: "row", type: "button", "aria-current": r.id === state.current ? "page" : null,
-                   onclick: () => openSession(r.id) },
-      el("span", { class: "row-title" }, r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
-        ...displayTitle(r),
-        r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
-        r.archived ? el("span", { class: "badge archived" }, "archived") : null,
-        r.damaged ? el("span", { class: "badge error" }, "damaged") : null),
-      el("span", { class: "row-preview" }, r.preview || "no messages yet"),
-      el("span", { class: "row-time" }, ago(r.updated_at)))));
-  if (!items.length) {
-    const why = q ? `No chats match “${state.search.trim()}”.` : state.view === "archived" ? "No archived chats."
-      : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
-    items.push(el("li", { class: "none" }, why));
+  function rowName(row) {
+    return row.title || row.preview || "New chat";
   }
-  ul.replaceChildren(...items);
-  for (const b of $("views").children) {
-    const on = b.dataset.view === state.view;
-    b.setAttribute("aria-selected", String(on));
-    b.tabIndex = on ? 0 : -1;
-    if (on) $("session-panel").setAttribute("aria-labelledby", b.id);
+  function displayTitle(row) {
+    const brand = BRANDS[row.source];
+    return brand ? [el("span", { class: "brand-prefix" }, `[${brand}] `), rowName(row)] : [rowName(row)];
   }
-}
-
-function renderRunning() {
-  const btn = $("running-btn"), list = $("running-list");
-  const n = state.running.length;
-  btn.hidden = n === 0;
-  btn.textContent = `${n} running`;
-  if (!n) { list.hidden = true; btn.setAttribute("aria-expanded", "false"); }
-  list.replaceChildren(...state.running.map((r) => {
-    const row = state.sessions.get(r.session_id);
-    return el("li", {}, el("button", { type: "button", class: "row", onclick: () => { list.hidden = true;
-      btn.setAttribute("aria-expanded", "false"); openSession(r.session_id); } },
-      `${row ? rowName(row) : r.session_id} · ${r.kind.replace("_", " ")}`));
-  }));
-}
-
-function renderHeader() {
-  const row = state.current ? state.sessions.get(state.current) : null;
-  $("title").replaceChildren(...(row ? displayTitle(row) : ["New chat"]));
-  document.title = row ? `${rowName(row)} — sessionlog` : "New chat — sessionlog";
-  $("actions").hidden = !row;
-  if (row) {
-    $("act-pin").textContent = row.pinned ? "Unpin" : "Pin";
-    $("act-archive").textContent = row.archived ? "Unarchive" : "Archive";
+  function ago(seconds) {
+    if (!seconds) return "";
+    const d = Date.now() / 1e3 - seconds;
+    if (d < 45) return "just now";
+    if (d < 3600) return `${Math.round(d / 60)} min ago`;
+    if (d < 86400) return `${Math.round(d / 3600)} h ago`;
+    if (d < 86400 * 7) return `${Math.round(d / 86400)} d ago`;
+    return new Date(seconds * 1e3).toLocaleDateString();
   }
-  renderProject();
-}
-
-function keepBottom(fn) {
-  const box = $("messages");
-  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
-  fn();
-  if (atBottom) box.scrollTop = box.scrollHeight;
-}
-
-// The list in branch order, reusing each message's node: nodes that stay are
-// never detached (a detached node loses the user's selection).
-function renderMessages() {
-  const box = $("messages");
-  const want = state.order.map((id) => state.messages.get(id)).filter(Boolean).map((m) => {
-    let node = state.nodes.get(m.msg_id);
-    if (!node) { node = buildNode(m); state.nodes.set(m.msg_id, node); } else if (state.dirty.has(m.msg_id)) drawNode(m);
+  function timeEl(seconds) {
+    if (!seconds) return null;
+    const at = new Date(seconds * 1e3);
+    return el("time", { datetime: at.toISOString(), title: at.toLocaleString() }, ago(seconds));
+  }
+  function renderSidebar() {
+    const ul = $("sessions");
+    const q = state.search.trim().toLowerCase();
+    const rows = [...state.sessions.values()].filter((r) => (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived)) && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
+    rows.sort((a, b) => b.pinned - a.pinned || b.updated_at - a.updated_at || (a.id < b.id ? -1 : 1));
+    const items = rows.map((r) => el(
+      "li",
+      { "data-id": r.id, class: r.id === state.current ? "current" : null },
+      el(
+        "button",
+        {
+          class: "row",
+          type: "button",
+          "aria-current": r.id === state.current ? "page" : null,
+          onclick: () => openSession(r.id)
+        },
+        el(
+          "span",
+          { class: "row-title" },
+          r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
+          ...displayTitle(r),
+          r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
+          r.archived ? el("span", { class: "badge archived" }, "archived") : null,
+          r.damaged ? el("span", { class: "badge error" }, "damaged") : null
+        ),
+        el("span", { class: "row-preview" }, r.preview || "no messages yet"),
+        el("span", { class: "row-time" }, ago(r.updated_at))
+      )
+    ));
+    if (!items.length) {
+      const why = q ? `No chats match “${state.search.trim()}”.` : state.view === "archived" ? "No archived chats." : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
+      items.push(el("li", { class: "none" }, why));
+    }
+    ul.replaceChildren(...items);
+    for (const b of $("views").children) {
+      const on = b.dataset.view === state.view;
+      b.setAttribute("aria-selected", String(on));
+      b.tabIndex = on ? 0 : -1;
+      if (on) $("session-panel").setAttribute("aria-labelledby", b.id);
+    }
+  }
+  function renderRunning() {
+    const btn = $("running-btn"), list = $("running-list");
+    const n = state.running.length;
+    btn.hidden = n === 0;
+    btn.textContent = `${n} running`;
+    if (!n) {
+      list.hidden = true;
+      btn.setAttribute("aria-expanded", "false");
+    }
+    list.replaceChildren(...state.running.map((r) => {
+      const row = state.sessions.get(r.session_id);
+      return el("li", {}, el(
+        "button",
+        { type: "button", class: "row", onclick: () => {
+          list.hidden = true;
+          btn.setAttribute("aria-expanded", "false");
+          openSession(r.session_id);
+        } },
+        `${row ? rowName(row) : r.session_id} · ${r.kind.replace("_", " ")}`
+      ));
+    }));
+  }
+  function renderHeader() {
+    const row = state.current ? state.sessions.get(state.current) : null;
+    $("title").replaceChildren(...row ? displayTitle(row) : ["New chat"]);
+    document.title = row ? `${rowName(row)} — sessionlog` : "New chat — sessionlog";
+    $("actions").hidden = !row;
+    if (row) {
+      $("act-pin").textContent = row.pinned ? "Unpin" : "Pin";
+      $("act-archive").textContent = row.archived ? "Unarchive" : "Archive";
+    }
+    renderProject();
+  }
+  function keepBottom(fn) {
+    const box = $("messages");
+    const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+    fn();
+    if (atBottom) box.scrollTop = box.scrollHeight;
+  }
+  function renderMessages() {
+    const box = $("messages");
+    const want = state.order.map((id) => state.messages.get(id)).filter(Boolean).map((m) => {
+      let node = state.nodes.get(m.msg_id);
+      if (!node) {
+        node = buildNode(m);
+        state.nodes.set(m.msg_id, node);
+      } else if (state.dirty.has(m.msg_id)) drawNode(m);
+      return node;
+    });
+    if (!want.length) want.push(el("div", { id: "empty", class: "empty" }, EMPTY_CHAT));
+    keepBottom(() => {
+      const have = [...box.children];
+      if (have.length === want.length && have.every((n, i) => n === want[i])) return;
+      for (const n of have) if (!want.includes(n)) n.remove();
+      want.forEach((n, i) => {
+        if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null);
+      });
+    });
+  }
+  function renderTree(t) {
+    if (!t || typeof t !== "object") return null;
+    const kids = Array.isArray(t.children) ? t.children : [];
+    return el("ul", { class: "tree" }, el(
+      "li",
+      { class: t.status || "" },
+      String(t.name ?? "function"),
+      kids.length ? el("ul", { class: "tree" }, ...kids.map((k) => el("li", { class: k.status || "" }, String(k.name ?? "")))) : null
+    ));
+  }
+  function buildNode(m) {
+    const node = m.caller ? el(
+      "div",
+      { class: "block", "data-msg": m.msg_id },
+      el("div", { class: "head" }),
+      el("div", { class: "tree-box" }),
+      el("pre", { class: "text" }),
+      el("div", { class: "meta" })
+    ) : el(
+      "article",
+      { class: "msg", "data-msg": m.msg_id },
+      el("div", { class: "who" }),
+      el("div", { class: "bubble" }),
+      el("div", { class: "meta" })
+    );
+    node._content = null;
+    drawNode(m, node);
     return node;
-  });
-  if (!want.length) want.push(el("div", { id: "empty", class: "empty" }, EMPTY_CHAT));
-  keepBottom(() => {
-    const have = [...box.children];
-    if (have.length === want.length && have.every((n, i) => n === want[i])) return;
-    for (const n of have) if (!want.includes(n)) n.remove();
-    want.forEach((n, i) => { if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null); });
-  });
-}
-
-function renderTree(t) {
-  if (!t || typeof t !== "object") return null;
-  const kids = Array.isArray(t.children) ? t.children : [];
-  return el("ul", { class: "tree" }, el("li", { class: t.status || "" }, String(t.name ?? "function"),
-    kids.length ? el("ul", { class: "tree" }, ...kids.map((k) => el("li", { class: k.status || "" }, String(k.name ?? "")))) : null));
-}
-
-function buildNode(m) {
-  const node = m.caller
-    ? el("div", { class: "block", "data-msg": m.msg_id },
-        el("div", { class: "head" }), el("div", { class: "tree-box" }), el("pre", { class: "text" }), el("div", { class: "meta" }))
-    : el("article", { class: "msg", "data-msg": m.msg_id },
-        el("div", { class: "who" }), el("div", { class: "bubble" }), el("div", { class: "meta" }));
-  node._content = null;
-  drawNode(m, node);
-  return node;
-}
-
-// Bring a message's node up to date, touching only what changed.
-function drawNode(m, node = state.nodes.get(m.msg_id)) {
-  if (!node) return;
-  state.dirty.delete(m.msg_id);
-  node.className = m.caller ? `block ${m.kind} ${m.status}` : `msg ${m.role} ${m.status}`;
-  node.dataset.status = m.status;
-  const reason = m.metadata?.aborted_reason || m.error;
-  const badge = m.status !== "done" ? el("span", { class: `badge ${m.status}` }, m.status) : null;
-  if (m.caller) {
-    const label = m.kind === "tool_call" ? `Tool call${m.metadata?.tool ? ": " + m.metadata.tool : ""}`
-      : m.kind === "agentic_fn" ? `Agentic function${m.metadata?.function ? ": " + m.metadata.function : ""}`
-      : m.kind === "relocate" ? "Project relocated" : m.kind;
-    node.querySelector(".head").replaceChildren(label, badge || "");
-    node.querySelector(".tree-box").replaceChildren(...(m.kind === "agentic_fn" ? [renderTree(m.metadata?.context_tree)].filter(Boolean) : []));
-    const pre = node.querySelector(".text");
-    if (pre.textContent !== m.content) {
-      if (m.content.startsWith(pre.textContent)) pre.append(m.content.slice(pre.textContent.length));
-      else pre.textContent = m.content;
+  }
+  function drawNode(m, node = state.nodes.get(m.msg_id)) {
+    if (!node) return;
+    state.dirty.delete(m.msg_id);
+    node.className = m.caller ? `block ${m.kind} ${m.status}` : `msg ${m.role} ${m.status}`;
+    node.dataset.status = m.status;
+    const reason = m.metadata?.aborted_reason || m.error;
+    const badge = m.status !== "done" ? el("span", { class: `badge ${m.status}` }, m.status) : null;
+    if (m.caller) {
+      const label = m.kind === "tool_call" ? `Tool call${m.metadata?.tool ? ": " + m.metadata.tool : ""}` : m.kind === "agentic_fn" ? `Agentic function${m.metadata?.function ? ": " + m.metadata.function : ""}` : m.kind === "relocate" ? "Project relocated" : m.kind;
+      node.querySelector(".head").replaceChildren(label, badge || "");
+      node.querySelector(".tree-box").replaceChildren(...m.kind === "agentic_fn" ? [renderTree(m.metadata?.context_tree)].filter(Boolean) : []);
+      const pre = node.querySelector(".text");
+      if (pre.textContent !== m.content) {
+        if (m.content.startsWith(pre.textContent)) pre.append(m.content.slice(pre.textContent.length));
+        else pre.textContent = m.content;
+      }
+      node.querySelector(".meta").replaceChildren(...reason && m.status !== "done" ? [el("div", { class: "why" }, reason)] : []);
+      return;
     }
-    node.querySelector(".meta").replaceChildren(...(reason && m.status !== "done" ? [el("div", { class: "why" }, reason)] : []));
-    return;
+    const who = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : m.role;
+    node.querySelector(".who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
+    const bubble = node.querySelector(".bubble");
+    if (node._content !== m.content) {
+      if (m.role === "assistant") renderMarkdownInto(bubble, m.content);
+      else bubble.textContent = m.content;
+      node._content = m.content;
+    }
+    node.querySelector(".meta").replaceChildren(...metaParts(m, reason));
   }
-  const who = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : m.role;
-  node.querySelector(".who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
-  const bubble = node.querySelector(".bubble");
-  if (node._content !== m.content) {
-    if (m.role === "assistant") renderMarkdownInto(bubble, m.content);
-    else bubble.textContent = m.content;
-    node._content = m.content;
+  function metaParts(m, reason) {
+    const out = [];
+    if (m.status === "aborted" || m.status === "error") {
+      out.push(el("div", { class: "why" }, `${m.status === "aborted" ? "Aborted" : "Error"}: ${reason || "unknown"}`));
+    }
+    const controls = [];
+    const sibs = m.siblings || [];
+    if (sibs.length > 1) {
+      const i = sibs.indexOf(m.msg_id);
+      controls.push(el(
+        "span",
+        { class: "branches", role: "group", "aria-label": "versions of this reply" },
+        el("button", {
+          type: "button",
+          "aria-label": "previous version",
+          disabled: i <= 0,
+          onclick: () => switchBranch(sibs[i - 1])
+        }, "‹"),
+        el("span", { class: "branch-pos" }, `${i + 1}/${sibs.length}`),
+        el("button", {
+          type: "button",
+          "aria-label": "next version",
+          disabled: i >= sibs.length - 1,
+          onclick: () => switchBranch(sibs[i + 1])
+        }, "›")
+      ));
+    }
+    if (m.role === "assistant" && isOpen(m)) {
+      controls.push(el("button", { class: "stop", type: "button", onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
+    } else if (m.role === "assistant") {
+      controls.push(el(
+        "button",
+        { class: "retry", type: "button", onclick: () => retry(m.msg_id) },
+        m.status === "done" ? "Regenerate" : "Retry"
+      ));
+    }
+    if (controls.length) out.push(el("div", { class: "controls" }, ...controls));
+    return out;
   }
-  node.querySelector(".meta").replaceChildren(...metaParts(m, reason));
-}
-
-function metaParts(m, reason) {
-  const out = [];
-  if (m.status === "aborted" || m.status === "error") {
-    out.push(el("div", { class: "why" }, `${m.status === "aborted" ? "Aborted" : "Error"}: ${reason || "unknown"}`));
+  function currentProject() {
+    const row = state.current ? state.sessions.get(state.current) : null;
+    const pid = row ? row.project_id || "default" : state.draftProject;
+    return state.projects.find((p) => p.id === pid) || { id: pid, name: pid, path: "", path_missing: false };
   }
-  const controls = [];
-  const sibs = m.siblings || [];
-  if (sibs.length > 1) {
-    const i = sibs.indexOf(m.msg_id);
-    controls.push(el("span", { class: "branches", role: "group", "aria-label": "versions of this reply" },
-      el("button", { type: "button", "aria-label": "previous version", disabled: i <= 0,
-                     onclick: () => switchBranch(sibs[i - 1]) }, "‹"),
-      el("span", { class: "branch-pos" }, `${i + 1}/${sibs.length}`),
-      el("button", { type: "button", "aria-label": "next version", disabled: i >= sibs.length - 1,
-                     onclick: () => switchBranch(sibs[i + 1]) }, "›")));
+  function renderProject() {
+    const row = state.current ? state.sessions.get(state.current) : null;
+    const frozen = row && row.message_count > 0;
+    const p = currentProject();
+    const chip = $("project-chip"), picker = $("project-picker");
+    chip.hidden = !frozen;
+    picker.hidden = !!frozen;
+    chip.textContent = `${p.name}${p.path ? " — " + p.path : ""}`;
+    chip.title = p.path;
+    chip.className = `chip${frozen ? " frozen" : ""}${p.path_missing ? " missing" : ""}`;
+    picker.replaceChildren(...state.projects.map((q) => el("option", { value: q.id }, `${q.name}${q.path_missing ? " (missing)" : ""}`)));
+    picker.value = p.id;
+    picker.classList.toggle("missing", !!p.path_missing);
+    $("locate").hidden = !(p.path_missing && !p.is_default && row);
+    if ($("locate").hidden) $("locate-input").hidden = true;
   }
-  if (m.role === "assistant" && isOpen(m)) {
-    controls.push(el("button", { class: "stop", type: "button", onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
-  } else if (m.role === "assistant") {
-    controls.push(el("button", { class: "retry", type: "button", onclick: () => retry(m.msg_id) },
-      m.status === "done" ? "Regenerate" : "Retry"));
+  function runningReply() {
+    for (const id of state.order) {
+      const m = state.messages.get(id);
+      if (m && m.role === "assistant" && !m.caller && isOpen(m)) return m;
+    }
+    return null;
   }
-  if (controls.length) out.push(el("div", { class: "controls" }, ...controls));
-  return out;
-}
-
-function currentProject() {
-  const row = state.current ? state.sessions.get(state.current) : null;
-  const pid = row ? (row.project_id || "default") : state.draftProject;
-  return state.projects.find((p) => p.id === pid) || { id: pid, name: pid, path: "", path_missing: false };
-}
-
-function renderProject() {
-  const row = state.current ? state.sessions.get(state.current) : null;
-  const frozen = row && row.message_count > 0;
-  const p = currentProject();
-  const chip = $("project-chip"), picker = $("project-picker");
-  chip.hidden = !frozen;
-  picker.hidden = !!frozen;
-  chip.textContent = `${p.name}${p.path ? " — " + p.path : ""}`;
-  chip.title = p.path;
-  chip.className = `chip${frozen ? " frozen" : ""}${p.path_missing ? " missing" : ""}`;
-  picker.replaceChildren(...state.projects.map((q) => el("option", { value: q.id }, `${q.name}${q.path_missing ? " (missing)" : ""}`)));
-  picker.value = p.id;
-  picker.classList.toggle("missing", !!p.path_missing);
-  $("locate").hidden = !(p.path_missing && !p.is_default && row);
-  if ($("locate").hidden) $("locate-input").hidden = true;
-}
-
-function runningReply() {
-  for (const id of state.order) {
-    const m = state.messages.get(id);
-    if (m && m.role === "assistant" && !m.caller && isOpen(m)) return m;
+  function renderComposer() {
+    const running = state.online && runningReply();
+    const send2 = $("send");
+    send2.textContent = running ? "Stop" : "Send";
+    send2.classList.toggle("danger", !!running);
+    send2.disabled = !state.online || state.sending;
+    const input = $("input");
+    const hadFocus = document.activeElement === input;
+    input.disabled = !state.online;
+    if (state.online && input.dataset.refocus) {
+      delete input.dataset.refocus;
+      if (document.activeElement === document.body) input.focus();
+    }
+    if (!state.online && hadFocus) input.dataset.refocus = "1";
   }
-  return null;
-}
-
-// Send turns into Stop while this chat's reply streams; offline, nothing is sent.
-function renderComposer() {
-  const running = state.online && runningReply();  // offline, nothing can be stopped from here
-  const send = $("send");
-  send.textContent = running ? "Stop" : "Send";
-  send.classList.toggle("danger", !!running);
-  send.disabled = !state.online || state.sending;
-  const input = $("input");
-  const hadFocus = document.activeElement === input;
-  input.disabled = !state.online;
-  if (state.online && input.dataset.refocus) { delete input.dataset.refocus; if (document.activeElement === document.body) input.focus(); }
-  if (!state.online && hadFocus) input.dataset.refocus = "1";  // a disabled box loses focus: give it back
-}
-
-function renderAll() { renderSidebar(); renderHeader(); renderMessages(); renderComposer(); }
-
-function showConn() {
-  const c = $("conn");
-  c.textContent = state.online ? "live" : "reconnecting…";
-  c.className = `conn ${state.online ? "online" : "offline"}`;
-  document.body.classList.toggle("offline", !state.online);
-  const banner = $("offline-banner");
-  banner.hidden = state.online || !state.everOpened;
-  banner.textContent = "Connection lost: reconnecting… Sending and Stop are paused until it is back; what the server wrote meanwhile will then show here.";
-  renderComposer();
-}
-
-function showError(msg) {
-  $("error").textContent = msg || "";
-  if (msg) setTimeout(() => { if ($("error").textContent === msg) $("error").textContent = ""; }, 6000);
-}
-
-// -- actions -------------------------------------------------------------------------
-
-async function act(action, fields = {}) {
-  try { return await request(action, { session_id: state.current, ...fields }); }
-  catch (e) { showError(e.message); return null; }
-}
-
-async function retry(msgId) {
-  const r = await act("retry", { msg_id: msgId });
-  if (r) await openSession(state.current, { keep: true });
-}
-
-async function switchBranch(msgId) {
-  const r = await act("switch_branch", { msg_id: msgId });
-  if (r) await openSession(state.current, { keep: true });
-}
-
-async function send(text) {
-  if (runningReply()) {
-    // the second click of a double click on Send is not a Stop
-    if (state.sendClicks < 2) act("stop", { msg_id: runningReply().msg_id });
-    return;
+  function renderAll() {
+    renderSidebar();
+    renderHeader();
+    renderMessages();
+    renderComposer();
   }
-  if (!text.trim() || state.sending) return;  // one message at a time: a double Enter makes no second chat
-  state.sending = true; renderComposer();
-  try {
-    const fields = { content: text };
-    if (state.current) fields.session_id = state.current; else fields.project_id = state.draftProject;
-    const ack = await request("chat", fields);
-    $("input").value = "";
-    growInput();
-    await openSession(ack.session_id, { keep: ack.session_id === state.current });
-    refreshRunning();
-  } catch (e) { showError(e.message); }
-  finally { state.sending = false; renderComposer(); }
-}
-
-function growInput() {
-  const t = $("input");
-  t.style.height = "auto";
-  t.style.height = `${Math.min(t.scrollHeight + 2, 200)}px`;
-}
-
-function newChat() { openDraft(); closeDrawer(); $("input").focus(); }
-
-function openDrawer() {
-  document.body.classList.add("drawer-open");
-  $("scrim").hidden = false;
-  $("menu-btn").setAttribute("aria-expanded", "true");
-  $("sessions").querySelector("button")?.focus();
-}
-
-function closeDrawer() {
-  if (!document.body.classList.contains("drawer-open")) return;
-  document.body.classList.remove("drawer-open");
-  $("scrim").hidden = true;
-  $("menu-btn").setAttribute("aria-expanded", "false");
-}
-
-function closeRename() {
-  $("title-input").hidden = true; $("title").hidden = false; state.renameFor = null;
-}
-
-$("send-form").addEventListener("submit", (ev) => {
-  ev.preventDefault(); send($("input").value); state.sendClicks = 0;
-});
-$("send").addEventListener("click", (ev) => { state.sendClicks = ev.detail; });  // 2: a double click's second
-$("input").addEventListener("keydown", (ev) => {
-  if (ev.isComposing || ev.keyCode === 229) return;  // an IME is composing: Enter picks a candidate
-  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); if (!runningReply() && !state.sending) send($("input").value); }
-});
-$("input").addEventListener("input", growInput);
-$("new-chat").addEventListener("click", newChat);
-$("search").addEventListener("input", (ev) => { state.search = ev.target.value; renderSidebar(); });
-for (const b of $("views").children) b.addEventListener("click", () => { state.view = b.dataset.view; renderSidebar(); });
-$("views").addEventListener("keydown", (ev) => {  // arrow keys move between tabs
-  if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
-  const tabs = [...$("views").children];
-  const i = tabs.findIndex((t) => t.dataset.view === state.view);
-  const next = tabs[(i + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
-  state.view = next.dataset.view; renderSidebar(); next.focus();
-});
-$("running-btn").addEventListener("click", () => {
-  const list = $("running-list");
-  list.hidden = !list.hidden;
-  $("running-btn").setAttribute("aria-expanded", String(!list.hidden));
-});
-$("menu-btn").addEventListener("click", () => (document.body.classList.contains("drawer-open") ? closeDrawer() : openDrawer()));
-$("scrim").addEventListener("click", closeDrawer);
-matchMedia("(max-width: 720px)").addEventListener("change", (e) => { if (!e.matches) closeDrawer(); });
-// The phone's actions row scrolls: a focused action is scrolled into view.
-$("actions").addEventListener("focusin", (ev) => ev.target.scrollIntoView?.({ block: "nearest", inline: "nearest" }));
-$("help-btn").addEventListener("click", () => $("help").showModal());
-$("act-rename").addEventListener("click", () => {
-  const input = $("title-input");
-  state.renameFor = state.current;
-  input.value = state.sessions.get(state.current)?.title || "";
-  input.hidden = false; $("title").hidden = true; input.focus(); input.select();
-});
-$("title-input").addEventListener("blur", closeRename);
-$("title-input").addEventListener("keydown", async (ev) => {
-  if (ev.key !== "Enter" && ev.key !== "Escape") return;
-  ev.stopPropagation();
-  const input = $("title-input");
-  const sid = state.renameFor;
-  const title = input.value.trim();
-  closeRename();
-  if (ev.key === "Enter" && title && sid) {
-    try { await request("rename_session", { session_id: sid, title }); } catch (e) { showError(e.message); }
+  function showConn() {
+    const c = $("conn");
+    c.textContent = state.online ? "live" : "reconnecting…";
+    c.className = `conn ${state.online ? "online" : "offline"}`;
+    document.body.classList.toggle("offline", !state.online);
+    const banner = $("offline-banner");
+    banner.hidden = state.online || !state.everOpened;
+    banner.textContent = "Connection lost: reconnecting… Sending and Stop are paused until it is back; what the server wrote meanwhile will then show here.";
+    renderComposer();
   }
-});
-$("act-regenerate").addEventListener("click", (ev) => {
-  const row = state.sessions.get(state.current);
-  const b = ev.currentTarget;
-  if (row?._user_titled && !b.classList.contains("confirm")) {  // a title the user typed: ask first
-    b.classList.add("confirm"); b.textContent = "Replace your title?";
-    setTimeout(() => { b.classList.remove("confirm"); b.textContent = "Regenerate title"; }, 4000);
-    return;
+  function showError(msg) {
+    $("error").textContent = msg || "";
+    if (msg) setTimeout(() => {
+      if ($("error").textContent === msg) $("error").textContent = "";
+    }, 6e3);
   }
-  b.classList.remove("confirm"); b.textContent = "Regenerate title";
-  act("rename_session", { regenerate: true });
-});
-$("act-pin").addEventListener("click", () => act("set_pinned", { pinned: !state.sessions.get(state.current)?.pinned }));
-$("act-archive").addEventListener("click", () => act("set_archived", { archived: !state.sessions.get(state.current)?.archived }));
-$("act-delete").addEventListener("click", async (ev) => {
-  const b = ev.currentTarget;
-  if (!b.classList.contains("confirm")) {
-    b.classList.add("confirm"); b.textContent = "Confirm delete";
-    setTimeout(() => { b.classList.remove("confirm"); b.textContent = "Delete"; }, 4000);
-    return;
+  async function act(action, fields = {}) {
+    try {
+      return await request(action, { session_id: state.current, ...fields });
+    } catch (e) {
+      showError(e.message);
+      return null;
+    }
   }
-  b.classList.remove("confirm"); b.textContent = "Delete";
-  await act("delete_session");
-});
-$("project-picker").addEventListener("change", async (ev) => {
-  const pid = ev.target.value;
-  if (!state.current) { state.draftProject = pid; renderProject(); return; }
-  await act("set_session_project", { project_id: pid });
-});
-$("locate").addEventListener("click", () => { const i = $("locate-input"); i.hidden = false; i.focus(); });
-$("locate-input").addEventListener("keydown", async (ev) => {
-  if (ev.key !== "Enter") return;
-  const r = await act("relocate_project", { project_id: currentProject().id, path: ev.target.value.trim() });
-  if (r) { ev.target.hidden = true; ev.target.value = ""; await openSession(state.current, { keep: true }); }
-});
-$("token-form").addEventListener("submit", (ev) => {
-  ev.preventDefault();
-  TOKEN = $("token-input").value.trim();
-  sessionStorage.setItem(TOKEN_KEY, TOKEN);
-  state.failedOpens = 0; state.backoff = 250;
-  $("token-box").hidden = true;
-  try { state.ws?.close(); } catch { /* closed */ }
-});
-document.addEventListener("keydown", (ev) => {
-  if (ev.key === "Tab" && document.body.classList.contains("drawer-open")) {  // focus stays in the open drawer
-    const items = [$("menu-btn"), ...$("sidebar").querySelectorAll("button, input, select, [tabindex='0']")]
-      .filter((n) => !n.disabled && n.offsetParent !== null && n.getAttribute("tabindex") !== "-1");
-    const i = items.indexOf(document.activeElement);
-    const next = items[(i + (ev.shiftKey ? items.length - 1 : 1) + items.length) % items.length];
-    if (next) { ev.preventDefault(); next.focus(); }
-    return;
+  async function retry(msgId) {
+    const r = await act("retry", { msg_id: msgId });
+    if (r) await openSession(state.current, { keep: true });
   }
-  const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement?.tagName || "");
-  if (ev.key === "/" && !typing && !ev.ctrlKey && !ev.metaKey && !ev.altKey) {
-    ev.preventDefault(); closeDrawer(); $("input").focus(); return;
+  async function switchBranch(msgId) {
+    const r = await act("switch_branch", { msg_id: msgId });
+    if (r) await openSession(state.current, { keep: true });
   }
-  if (ev.ctrlKey && ev.shiftKey && (ev.key === "O" || ev.key === "o")) { ev.preventDefault(); newChat(); return; }
-  if (ev.ctrlKey && ev.key === "/") { ev.preventDefault(); $("help").showModal(); return; }
-  if (ev.key === "Escape" && ev.shiftKey) { ev.preventDefault(); $("input").focus(); return; }
-  if (ev.key === "Escape" && !$("help").open) {
-    if (document.body.classList.contains("drawer-open")) { closeDrawer(); $("menu-btn").focus(); return; }
-    const m = runningReply();
-    if (m) { ev.preventDefault(); act("stop", { msg_id: m.msg_id }); }
+  async function send(text) {
+    if (runningReply()) {
+      if (state.sendClicks < 2) act("stop", { msg_id: runningReply().msg_id });
+      return;
+    }
+    if (!text.trim() || state.sending) return;
+    state.sending = true;
+    renderComposer();
+    try {
+      const fields = { content: text };
+      if (state.current) fields.session_id = state.current;
+      else fields.project_id = state.draftProject;
+      const ack = await request("chat", fields);
+      $("input").value = "";
+      growInput();
+      await openSession(ack.session_id, { keep: ack.session_id === state.current });
+      refreshRunning();
+    } catch (e) {
+      showError(e.message);
+    } finally {
+      state.sending = false;
+      renderComposer();
+    }
   }
-});
-setInterval(() => {  // relative times stay true
-  for (const t of document.querySelectorAll("#messages time")) {
-    t.textContent = ago(Date.parse(t.getAttribute("datetime")) / 1000);
+  function growInput() {
+    const t = $("input");
+    t.style.height = "auto";
+    t.style.height = `${Math.min(t.scrollHeight + 2, 200)}px`;
   }
-}, 30000);
-
-$("input").dataset.refocus = "1";  // focus goes to the composer on load, once it is enabled
-renderAll();
-showConn();
-connect();
+  function newChat() {
+    openDraft();
+    closeDrawer();
+    $("input").focus();
+  }
+  function openDrawer() {
+    document.body.classList.add("drawer-open");
+    $("scrim").hidden = false;
+    $("menu-btn").setAttribute("aria-expanded", "true");
+    $("sessions").querySelector("button")?.focus();
+  }
+  function closeDrawer() {
+    if (!document.body.classList.contains("drawer-open")) return;
+    document.body.classList.remove("drawer-open");
+    $("scrim").hidden = true;
+    $("menu-btn").setAttribute("aria-expanded", "false");
+  }
+  function closeRename() {
+    $("title-input").hidden = true;
+    $("title").hidden = false;
+    state.renameFor = null;
+  }
+  $("send-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    send($("input").value);
+    state.sendClicks = 0;
+  });
+  $("send").addEventListener("click", (ev) => {
+    state.sendClicks = ev.detail;
+  });
+  $("input").addEventListener("keydown", (ev) => {
+    if (ev.isComposing || ev.keyCode === 229) return;
+    if (ev.key === "Enter" && !ev.shiftKey) {
+      ev.preventDefault();
+      if (!runningReply() && !state.sending) send($("input").value);
+    }
+  });
+  $("input").addEventListener("input", growInput);
+  $("new-chat").addEventListener("click", newChat);
+  $("search").addEventListener("input", (ev) => {
+    state.search = ev.target.value;
+    renderSidebar();
+  });
+  for (const b of $("views").children) b.addEventListener("click", () => {
+    state.view = b.dataset.view;
+    renderSidebar();
+  });
+  $("views").addEventListener("keydown", (ev) => {
+    if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
+    const tabs = [...$("views").children];
+    const i = tabs.findIndex((t) => t.dataset.view === state.view);
+    const next = tabs[(i + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
+    state.view = next.dataset.view;
+    renderSidebar();
+    next.focus();
+  });
+  $("running-btn").addEventListener("click", () => {
+    const list = $("running-list");
+    list.hidden = !list.hidden;
+    $("running-btn").setAttribute("aria-expanded", String(!list.hidden));
+  });
+  $("menu-btn").addEventListener("click", () => document.body.classList.contains("drawer-open") ? closeDrawer() : openDrawer());
+  $("scrim").addEventListener("click", closeDrawer);
+  matchMedia("(max-width: 720px)").addEventListener("change", (e) => {
+    if (!e.matches) closeDrawer();
+  });
+  $("actions").addEventListener("focusin", (ev) => ev.target.scrollIntoView?.({ block: "nearest", inline: "nearest" }));
+  $("help-btn").addEventListener("click", () => $("help").showModal());
+  $("act-rename").addEventListener("click", () => {
+    const input = $("title-input");
+    state.renameFor = state.current;
+    input.value = state.sessions.get(state.current)?.title || "";
+    input.hidden = false;
+    $("title").hidden = true;
+    input.focus();
+    input.select();
+  });
+  $("title-input").addEventListener("blur", closeRename);
+  $("title-input").addEventListener("keydown", async (ev) => {
+    if (ev.key !== "Enter" && ev.key !== "Escape") return;
+    ev.stopPropagation();
+    const input = $("title-input");
+    const sid = state.renameFor;
+    const title = input.value.trim();
+    closeRename();
+    if (ev.key === "Enter" && title && sid) {
+      try {
+        await request("rename_session", { session_id: sid, title });
+      } catch (e) {
+        showError(e.message);
+      }
+    }
+  });
+  $("act-regenerate").addEventListener("click", (ev) => {
+    const row = state.sessions.get(state.current);
+    const b = ev.currentTarget;
+    if (row?._user_titled && !b.classList.contains("confirm")) {
+      b.classList.add("confirm");
+      b.textContent = "Replace your title?";
+      setTimeout(() => {
+        b.classList.remove("confirm");
+        b.textContent = "Regenerate title";
+      }, 4e3);
+      return;
+    }
+    b.classList.remove("confirm");
+    b.textContent = "Regenerate title";
+    act("rename_session", { regenerate: true });
+  });
+  $("act-pin").addEventListener("click", () => act("set_pinned", { pinned: !state.sessions.get(state.current)?.pinned }));
+  $("act-archive").addEventListener("click", () => act("set_archived", { archived: !state.sessions.get(state.current)?.archived }));
+  $("act-delete").addEventListener("click", async (ev) => {
+    const b = ev.currentTarget;
+    if (!b.classList.contains("confirm")) {
+      b.classList.add("confirm");
+      b.textContent = "Confirm delete";
+      setTimeout(() => {
+        b.classList.remove("confirm");
+        b.textContent = "Delete";
+      }, 4e3);
+      return;
+    }
+    b.classList.remove("confirm");
+    b.textContent = "Delete";
+    await act("delete_session");
+  });
+  $("project-picker").addEventListener("change", async (ev) => {
+    const pid = ev.target.value;
+    if (!state.current) {
+      state.draftProject = pid;
+      renderProject();
+      return;
+    }
+    await act("set_session_project", { project_id: pid });
+  });
+  $("locate").addEventListener("click", () => {
+    const i = $("locate-input");
+    i.hidden = false;
+    i.focus();
+  });
+  $("locate-input").addEventListener("keydown", async (ev) => {
+    if (ev.key !== "Enter") return;
+    const r = await act("relocate_project", { project_id: currentProject().id, path: ev.target.value.trim() });
+    if (r) {
+      ev.target.hidden = true;
+      ev.target.value = "";
+      await openSession(state.current, { keep: true });
+    }
+  });
+  $("token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    TOKEN = $("token-input").value.trim();
+    sessionStorage.setItem(TOKEN_KEY, TOKEN);
+    $("token-box").hidden = true;
+    client.setToken(TOKEN);
+    client.failedOpens = 0;
+    client.reconnect();
+  });
+  document.addEventListener("keydown", (ev) => {
+    if (ev.key === "Tab" && document.body.classList.contains("drawer-open")) {
+      const items = [$("menu-btn"), ...$("sidebar").querySelectorAll("button, input, select, [tabindex='0']")].filter((n) => !n.disabled && n.offsetParent !== null && n.getAttribute("tabindex") !== "-1");
+      const i = items.indexOf(document.activeElement);
+      const next = items[(i + (ev.shiftKey ? items.length - 1 : 1) + items.length) % items.length];
+      if (next) {
+        ev.preventDefault();
+        next.focus();
+      }
+      return;
+    }
+    const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement?.tagName || "");
+    if (ev.key === "/" && !typing && !ev.ctrlKey && !ev.metaKey && !ev.altKey) {
+      ev.preventDefault();
+      closeDrawer();
+      $("input").focus();
+      return;
+    }
+    if (ev.ctrlKey && ev.shiftKey && (ev.key === "O" || ev.key === "o")) {
+      ev.preventDefault();
+      newChat();
+      return;
+    }
+    if (ev.ctrlKey && ev.key === "/") {
+      ev.preventDefault();
+      $("help").showModal();
+      return;
+    }
+    if (ev.key === "Escape" && ev.shiftKey) {
+      ev.preventDefault();
+      $("input").focus();
+      return;
+    }
+    if (ev.key === "Escape" && !$("help").open) {
+      if (document.body.classList.contains("drawer-open")) {
+        closeDrawer();
+        $("menu-btn").focus();
+        return;
+      }
+      const m = runningReply();
+      if (m) {
+        ev.preventDefault();
+        act("stop", { msg_id: m.msg_id });
+      }
+    }
+  });
+  setInterval(() => {
+    for (const t of document.querySelectorAll("#messages time")) {
+      t.textContent = ago(Date.parse(t.getAttribute("datetime")) / 1e3);
+    }
+  }, 3e4);
+  $("input").dataset.refocus = "1";
+  renderAll();
+  showConn();
+  client.start();
+})();

@@ -1,0 +1,757 @@
+// sessionlog's page, on the TypeScript client (clients/js/: its
+// SocketClient keeps the one WebSocket to /ws up, settles every request,
+// keeps the session list live and resumes it with `since`, and resumes each
+// followed message exactly by offset). Bundled by esbuild into
+// sessionlog_store/server/edge/static/app.js (`python dev.py page`; the
+// bundle is committed, and a test checks it is this source's). Vendored
+// markdown-it, DOMPurify and highlight.js (static/vendor/, with their
+// licenses) are globals. Every piece of state comes from the server
+// (list_sessions, load_session, msg_update pushes, broadcasts). Re-join after
+// a reload or a dropped socket: load_session, then follow every running
+// message from the content the page already has (offset), patching on each
+// msg_update. Messages are updated in place (a selection survives a stream):
+// a node is built once per message and only its changed parts are touched.
+import { SocketClient } from "../js/src/index.ts";
+
+// The token comes in the URL once, in its fragment (`#token=`, which no
+// browser sends to a server or a proxy; `?token=` is read too), then lives in
+// this tab's sessionStorage: the address bar (history, bookmarks,
+// screenshots) does not keep it. The socket carries it in a subprotocol,
+// never in a URL (a proxy's access log would keep it).
+const TOKEN_KEY = "sessionlog-token";
+let TOKEN = (() => {
+  const q = new URLSearchParams(location.search);
+  const h = new URLSearchParams(location.hash.slice(1));
+  const given = h.get("token") ?? q.get("token");
+  if (given === null) return sessionStorage.getItem(TOKEN_KEY) || "";
+  sessionStorage.setItem(TOKEN_KEY, given);
+  q.delete("token");
+  h.delete("token");
+  const rest = q.toString(), frag = h.toString();
+  history.replaceState(null, "", `${location.pathname}${rest ? "?" + rest : ""}${frag ? "#" + frag : ""}`);
+  return given;
+})();
+const BRANDS = { wechat: "WeChat", discord: "Discord", slack: "Slack", telegram: "Telegram", whatsapp: "WhatsApp" };
+const $ = (id) => document.getElementById(id);
+const EMPTY_CHAT = "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost.";
+
+// Relative to the page, so that it works under any path prefix (--root-path).
+function socketUrl() {
+  const url = new URL("ws", location.href);
+  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  url.search = "";
+  url.hash = "";
+  return url.href;
+}
+// The token goes in a subprotocol (the client's), never in a URL: a proxy's access log would keep it.
+const client = new SocketClient({ url: socketUrl(), token: TOKEN, followSessions: false });
+const request = (action, fields = {}) => client.request(action, fields);
+
+const state = {
+  client,
+  get online() { return client.online; },
+  get everOpened() { return client.everOpened; },
+  get sessions() { return client.sessions; },  // id -> row, kept live by the client
+  follows: new Map(),         // msg_id -> the client's subscription (messages of the current session)
+  projects: [],
+  view: "active",
+  search: "",
+  current: null,              // session id, or null for a draft (a draft has no id until its first message)
+  messages: new Map(),        // msg_id -> message (current session)
+  order: [],                  // msg ids of the current branch, in order
+  nodes: new Map(),           // msg_id -> its element
+  dirty: new Set(),           // msg ids whose node is behind their message (drawn on the next frame)
+  running: [],                // list_running, across sessions
+  draftProject: "default",
+  renameFor: null,            // the session a rename field is open for
+};
+window.sessionlog = state;    // for tests and the curious
+
+// -- Markdown, sanitized ---------------------------------------------------------
+
+const md = window.markdownit({
+  html: false, linkify: true, breaks: false,
+  highlight: (code, lang) => {
+    if (lang && window.hljs?.getLanguage(lang)) {
+      try { return window.hljs.highlight(code, { language: lang, ignoreIllegals: true }).value; } catch { /* plain */ }
+    }
+    return "";
+  },
+});
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
+});
+const PURIFY = { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "svg", "math", "form", "input"], FORBID_ATTR: ["style"] };
+
+function markdownBlocks(text) {
+  const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+  return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
+}
+
+// Render into `box` touching only the top-level blocks that changed: the
+// blocks above the one being written keep their nodes (and any selection).
+// A block that holds the user's selection is left as it is while the
+// selection lasts (the text it gains shows once the selection goes).
+function renderMarkdownInto(box, text) {
+  const fresh = markdownBlocks(text);
+  const old = [...box.childNodes];
+  const sel = window.getSelection();
+  const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
+  box._pending = null;
+  fresh.forEach((n, i) => {
+    const html = n.outerHTML ?? n.textContent;
+    if (i < old.length && old[i]._html === html) return;
+    if (i < old.length && held(old[i])) { box._pending = text; heldBoxes.add(box); return; }  // later
+    n._html = html;
+    if (n.tagName === "PRE") addCopyButton(n);
+    if (i < old.length) old[i].replaceWith(n); else box.append(n);
+  });
+  for (const n of old.slice(fresh.length)) {
+    if (held(n)) { box._pending = text; heldBoxes.add(box); } else n.remove();
+  }
+}
+
+const heldBoxes = new Set();
+document.addEventListener("selectionchange", () => {
+  for (const box of [...heldBoxes]) {
+    heldBoxes.delete(box);
+    if (box._pending != null && box.isConnected) keepBottom(() => renderMarkdownInto(box, box._pending));
+  }
+});
+
+function addCopyButton(pre) {
+  const b = el("button", { class: "copy", type: "button", "aria-label": "Copy code" }, "Copy");
+  b.addEventListener("click", async () => {
+    const code = pre.querySelector("code")?.textContent ?? pre.textContent;
+    try { await navigator.clipboard.writeText(code); b.textContent = "Copied"; } catch { b.textContent = "Select and copy"; }
+    setTimeout(() => { b.textContent = "Copy"; }, 1500);
+  });
+  pre.prepend(b);
+}
+
+// -- the socket (the client keeps it up: reconnects, heartbeat, since) -----------
+
+client.on("open", () => { $("token-box").hidden = true; showConn(); rejoinAll(); });
+client.on("close", ({ failedOpens }) => { showConn(); if (failedOpens >= 3) checkRefused(); });
+client.on("push", onFrame);
+client.on("sessions", () => renderSidebar());
+client.on("error", (e) => { if (e.code !== "unknown_message") showError(e.message); });
+window.addEventListener("offline", () => client.drop());
+
+// A socket that never opens while the page's server answers: the handshake
+// is refused (a new token after a restart, most likely). Say what to do.
+async function checkRefused() {
+  try {
+    const r = await fetch(new URL("static/app.js", location.href), { method: "HEAD", cache: "no-store" });
+    if (r.ok && !state.online && $("token-box").hidden) { $("token-box").hidden = false; $("token-input").focus(); }
+  } catch { /* the server is down: keep reconnecting */ }
+}
+
+// A push (the client has applied a session_* one to its list already, and
+// sends each msg_update to its message's subscription: patch).
+function onFrame(f) {
+  switch (f.type) {
+    case "message_created": return addMessage(f.data.session_id, f.data.message);
+    case "session_updated":
+      if (f.data.id === state.current) renderHeader();
+      if ("status" in f.data) refreshRunning();
+      return;
+    case "session_deleted":
+      if (f.data.session_id === state.current) openDraft();
+      refreshRunning();
+      return;
+    case "head_moved":  // another tab switched branches: show the same branch here
+      if (f.data.session_id === state.current) openSession(state.current, { keep: true });
+      return;
+    case "projects_list": state.projects = f.data.projects; return renderProject();
+  }
+}
+
+async function rejoinAll() {
+  try {
+    // After a reconnect, only what changed while away (the client asks with
+    // `since`; the server answers with a full list when it cannot).
+    await client.refreshSessions();
+    state.projects = (await request("list_projects")).projects;
+    renderProject();
+    refreshRunning();
+    const sid = state.current || new URLSearchParams(location.hash.slice(1)).get("s");
+    if (sid && state.sessions.has(sid)) await openSession(sid, { keep: true });
+    else if (!state.current) openDraft();
+  } catch (e) { showError(e.message); }
+}
+
+// A row turns "running" as its reply's placeholder is written, a moment
+// before the reply is listed as running: ask again until the two agree.
+async function refreshRunning(tries = 10) {
+  try { state.running = (await request("list_running")).running || []; } catch { return; }
+  renderRunning();
+  const listed = new Set(state.running.map((r) => r.session_id));
+  const rows = [...state.sessions.values()].filter((r) => r.status === "running" && !r.damaged);
+  if (tries > 0 && rows.some((r) => !listed.has(r.id))) setTimeout(() => refreshRunning(tries - 1), 300);
+}
+
+// -- sessions and messages ---------------------------------------------------------
+
+async function openSession(sid, { keep = false } = {}) {
+  const had = keep && sid === state.current ? state.messages : new Map();
+  if (sid !== state.current) {
+    closeRename();
+    for (const f of state.follows.values()) f.close();
+    state.follows.clear();
+  }
+  state.current = sid;
+  history.replaceState(null, "", `${location.pathname}${location.search}#s=${sid}`);
+  closeDrawer();
+  const loaded = await request("load_session", { session_id: sid });
+  if (state.current !== sid) return;
+  state.sessions.set(sid, loaded.session);
+  if (!keep) state.nodes = new Map();
+  state.messages = new Map();
+  state.order = [];
+  for (const m of loaded.messages) {
+    const mine = had.get(m.msg_id);
+    // Keep what the page already has when it is the same text plus more.
+    if (mine && m.status === "running" && mine.content.length > m.content.length && mine.content.startsWith(m.content)) {
+      m.content = mine.content;
+    }
+    m._said = mine?._said ?? m.content.length;  // what was there at load is not read out again
+    state.messages.set(m.msg_id, m);
+    state.dirty.add(m.msg_id);  // a kept node is brought up to date (only what changed is touched)
+    state.order.push(m.msg_id);
+  }
+  for (const m of loaded.messages) if (isOpen(m)) subscribe(m);
+  renderAll();
+}
+
+// Follow a running message from the text the page has: the client resumes it
+// exactly after every reconnect, and each update goes to patch.
+function subscribe(m) {
+  state.follows.set(m.msg_id, client.subscribeMessage(state.current, m.msg_id,
+                                                      { offset: m.content.length, onUpdate: patch }));
+}
+
+function isOpen(m) { return m.status === "running" || m.status === "pending"; }
+
+function addMessage(sid, m) {
+  if (sid !== state.current || state.messages.has(m.msg_id)) return;
+  state.messages.set(m.msg_id, m);
+  if (!m.caller && m.parent_id !== undefined) {
+    // a new conversational node becomes head: the branch is root..parent, then it
+    const i = state.order.indexOf(m.parent_id);
+    if (m.parent_id && i >= 0) {
+      const keep = new Set(state.order.slice(0, i + 1));
+      state.order = state.order.filter((id) => keep.has(id) || state.messages.get(id)?.caller);
+    }
+    // its siblings now have one more branch
+    for (const sib of m.siblings || []) {
+      const s = state.messages.get(sib);
+      if (s) { s.siblings = m.siblings; state.dirty.add(sib); }
+    }
+  }
+  state.order.push(m.msg_id);
+  if (isOpen(m)) subscribe(m);
+  renderMessages();
+  renderComposer();
+}
+
+function patch(u) {
+  if (u.session_id !== state.current) return;
+  const m = state.messages.get(u.msg_id);
+  if (!m) return;
+  if (u.offset > m.content.length) { openSession(state.current, { keep: true }); return; }  // never expected
+  const wasOpen = isOpen(m);
+  m.content = m.content.slice(0, u.offset) + u.content_delta;
+  m.status = u.status;
+  if (u.tree !== null && u.tree !== undefined) m.metadata = { ...m.metadata, context_tree: u.tree };
+  if (u.aborted_reason) m.metadata = { ...m.metadata, aborted_reason: u.aborted_reason };
+  if (u.error) m.error = u.error;
+  if (!isOpen(m)) state.follows.delete(m.msg_id);
+  announce(m);
+  if (wasOpen && !isOpen(m)) { keepBottom(() => drawNode(m)); renderComposer(); return; }  // the end: at once
+  state.dirty.add(m.msg_id);
+  scheduleDraw();
+}
+
+// Tokens arrive many times a frame: draw once per frame.
+let drawScheduled = false;
+function scheduleDraw() {
+  if (drawScheduled) return;
+  drawScheduled = true;
+  requestAnimationFrame(() => {
+    drawScheduled = false;
+    const dirty = [...state.dirty];
+    state.dirty.clear();
+    keepBottom(() => { for (const id of dirty) { const m = state.messages.get(id); if (m) drawNode(m); } });
+  });
+}
+
+// Read finished paragraphs of a streaming reply to screen readers, once each.
+function announce(m) {
+  if (m.role !== "assistant" || m.caller) return;
+  const said = m._said ?? 0;
+  const upto = isOpen(m) ? m.content.lastIndexOf("\n\n") : m.content.length;
+  if (upto <= said) return;
+  const text = m.content.slice(said, upto).trim();
+  m._said = upto;
+  if (text) $("announce").textContent = text;
+  if (!isOpen(m)) {
+    const end = m.status === "done" ? "Reply finished." : `Reply ${m.status}.`;
+    setTimeout(() => { $("announce").textContent = end; }, 50);
+  }
+}
+
+function openDraft() {
+  closeRename();
+  state.current = null;
+  state.messages = new Map();
+  state.order = [];
+  state.nodes = new Map();
+  history.replaceState(null, "", `${location.pathname}${location.search}`);
+  renderAll();
+}
+
+// -- rendering -----------------------------------------------------------------
+
+function el(tag, attrs = {}, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const k of kids) if (k !== null && k !== undefined) e.append(k);
+  return e;
+}
+
+function rowName(row) { return row.title || row.preview || "New chat"; }
+
+function displayTitle(row) {
+  const brand = BRANDS[row.source];
+  return brand ? [el("span", { class: "brand-prefix" }, `[${brand}] `), rowName(row)] : [rowName(row)];
+}
+
+function ago(seconds) {
+  if (!seconds) return "";
+  const d = Date.now() / 1000 - seconds;
+  if (d < 45) return "just now";
+  if (d < 3600) return `${Math.round(d / 60)} min ago`;
+  if (d < 86400) return `${Math.round(d / 3600)} h ago`;
+  if (d < 86400 * 7) return `${Math.round(d / 86400)} d ago`;
+  return new Date(seconds * 1000).toLocaleDateString();
+}
+
+function timeEl(seconds) {
+  if (!seconds) return null;
+  const at = new Date(seconds * 1000);
+  return el("time", { datetime: at.toISOString(), title: at.toLocaleString() }, ago(seconds));
+}
+
+function renderSidebar() {
+  const ul = $("sessions");
+  const q = state.search.trim().toLowerCase();
+  const rows = [...state.sessions.values()].filter((r) =>
+    (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived))
+    && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
+  rows.sort((a, b) => (b.pinned - a.pinned) || (b.updated_at - a.updated_at) || (a.id < b.id ? -1 : 1));
+  const items = rows.map((r) => el("li", { "data-id": r.id, class: r.id === state.current ? "current" : null },
+    el("button", { class: "row", type: "button", "aria-current": r.id === state.current ? "page" : null,
+                   onclick: () => openSession(r.id) },
+      el("span", { class: "row-title" }, r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
+        ...displayTitle(r),
+        r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
+        r.archived ? el("span", { class: "badge archived" }, "archived") : null,
+        r.damaged ? el("span", { class: "badge error" }, "damaged") : null),
+      el("span", { class: "row-preview" }, r.preview || "no messages yet"),
+      el("span", { class: "row-time" }, ago(r.updated_at)))));
+  if (!items.length) {
+    const why = q ? `No chats match “${state.search.trim()}”.` : state.view === "archived" ? "No archived chats."
+      : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
+    items.push(el("li", { class: "none" }, why));
+  }
+  ul.replaceChildren(...items);
+  for (const b of $("views").children) {
+    const on = b.dataset.view === state.view;
+    b.setAttribute("aria-selected", String(on));
+    b.tabIndex = on ? 0 : -1;
+    if (on) $("session-panel").setAttribute("aria-labelledby", b.id);
+  }
+}
+
+function renderRunning() {
+  const btn = $("running-btn"), list = $("running-list");
+  const n = state.running.length;
+  btn.hidden = n === 0;
+  btn.textContent = `${n} running`;
+  if (!n) { list.hidden = true; btn.setAttribute("aria-expanded", "false"); }
+  list.replaceChildren(...state.running.map((r) => {
+    const row = state.sessions.get(r.session_id);
+    return el("li", {}, el("button", { type: "button", class: "row", onclick: () => { list.hidden = true;
+      btn.setAttribute("aria-expanded", "false"); openSession(r.session_id); } },
+      `${row ? rowName(row) : r.session_id} · ${r.kind.replace("_", " ")}`));
+  }));
+}
+
+function renderHeader() {
+  const row = state.current ? state.sessions.get(state.current) : null;
+  $("title").replaceChildren(...(row ? displayTitle(row) : ["New chat"]));
+  document.title = row ? `${rowName(row)} — sessionlog` : "New chat — sessionlog";
+  $("actions").hidden = !row;
+  if (row) {
+    $("act-pin").textContent = row.pinned ? "Unpin" : "Pin";
+    $("act-archive").textContent = row.archived ? "Unarchive" : "Archive";
+  }
+  renderProject();
+}
+
+function keepBottom(fn) {
+  const box = $("messages");
+  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  fn();
+  if (atBottom) box.scrollTop = box.scrollHeight;
+}
+
+// The list in branch order, reusing each message's node: nodes that stay are
+// never detached (a detached node loses the user's selection).
+function renderMessages() {
+  const box = $("messages");
+  const want = state.order.map((id) => state.messages.get(id)).filter(Boolean).map((m) => {
+    let node = state.nodes.get(m.msg_id);
+    if (!node) { node = buildNode(m); state.nodes.set(m.msg_id, node); } else if (state.dirty.has(m.msg_id)) drawNode(m);
+    return node;
+  });
+  if (!want.length) want.push(el("div", { id: "empty", class: "empty" }, EMPTY_CHAT));
+  keepBottom(() => {
+    const have = [...box.children];
+    if (have.length === want.length && have.every((n, i) => n === want[i])) return;
+    for (const n of have) if (!want.includes(n)) n.remove();
+    want.forEach((n, i) => { if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null); });
+  });
+}
+
+function renderTree(t) {
+  if (!t || typeof t !== "object") return null;
+  const kids = Array.isArray(t.children) ? t.children : [];
+  return el("ul", { class: "tree" }, el("li", { class: t.status || "" }, String(t.name ?? "function"),
+    kids.length ? el("ul", { class: "tree" }, ...kids.map((k) => el("li", { class: k.status || "" }, String(k.name ?? "")))) : null));
+}
+
+function buildNode(m) {
+  const node = m.caller
+    ? el("div", { class: "block", "data-msg": m.msg_id },
+        el("div", { class: "head" }), el("div", { class: "tree-box" }), el("pre", { class: "text" }), el("div", { class: "meta" }))
+    : el("article", { class: "msg", "data-msg": m.msg_id },
+        el("div", { class: "who" }), el("div", { class: "bubble" }), el("div", { class: "meta" }));
+  node._content = null;
+  drawNode(m, node);
+  return node;
+}
+
+// Bring a message's node up to date, touching only what changed.
+function drawNode(m, node = state.nodes.get(m.msg_id)) {
+  if (!node) return;
+  state.dirty.delete(m.msg_id);
+  node.className = m.caller ? `block ${m.kind} ${m.status}` : `msg ${m.role} ${m.status}`;
+  node.dataset.status = m.status;
+  const reason = m.metadata?.aborted_reason || m.error;
+  const badge = m.status !== "done" ? el("span", { class: `badge ${m.status}` }, m.status) : null;
+  if (m.caller) {
+    const label = m.kind === "tool_call" ? `Tool call${m.metadata?.tool ? ": " + m.metadata.tool : ""}`
+      : m.kind === "agentic_fn" ? `Agentic function${m.metadata?.function ? ": " + m.metadata.function : ""}`
+      : m.kind === "relocate" ? "Project relocated" : m.kind;
+    node.querySelector(".head").replaceChildren(label, badge || "");
+    node.querySelector(".tree-box").replaceChildren(...(m.kind === "agentic_fn" ? [renderTree(m.metadata?.context_tree)].filter(Boolean) : []));
+    const pre = node.querySelector(".text");
+    if (pre.textContent !== m.content) {
+      if (m.content.startsWith(pre.textContent)) pre.append(m.content.slice(pre.textContent.length));
+      else pre.textContent = m.content;
+    }
+    node.querySelector(".meta").replaceChildren(...(reason && m.status !== "done" ? [el("div", { class: "why" }, reason)] : []));
+    return;
+  }
+  const who = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : m.role;
+  node.querySelector(".who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
+  const bubble = node.querySelector(".bubble");
+  if (node._content !== m.content) {
+    if (m.role === "assistant") renderMarkdownInto(bubble, m.content);
+    else bubble.textContent = m.content;
+    node._content = m.content;
+  }
+  node.querySelector(".meta").replaceChildren(...metaParts(m, reason));
+}
+
+function metaParts(m, reason) {
+  const out = [];
+  if (m.status === "aborted" || m.status === "error") {
+    out.push(el("div", { class: "why" }, `${m.status === "aborted" ? "Aborted" : "Error"}: ${reason || "unknown"}`));
+  }
+  const controls = [];
+  const sibs = m.siblings || [];
+  if (sibs.length > 1) {
+    const i = sibs.indexOf(m.msg_id);
+    controls.push(el("span", { class: "branches", role: "group", "aria-label": "versions of this reply" },
+      el("button", { type: "button", "aria-label": "previous version", disabled: i <= 0,
+                     onclick: () => switchBranch(sibs[i - 1]) }, "‹"),
+      el("span", { class: "branch-pos" }, `${i + 1}/${sibs.length}`),
+      el("button", { type: "button", "aria-label": "next version", disabled: i >= sibs.length - 1,
+                     onclick: () => switchBranch(sibs[i + 1]) }, "›")));
+  }
+  if (m.role === "assistant" && isOpen(m)) {
+    controls.push(el("button", { class: "stop", type: "button", onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
+  } else if (m.role === "assistant") {
+    controls.push(el("button", { class: "retry", type: "button", onclick: () => retry(m.msg_id) },
+      m.status === "done" ? "Regenerate" : "Retry"));
+  }
+  if (controls.length) out.push(el("div", { class: "controls" }, ...controls));
+  return out;
+}
+
+function currentProject() {
+  const row = state.current ? state.sessions.get(state.current) : null;
+  const pid = row ? (row.project_id || "default") : state.draftProject;
+  return state.projects.find((p) => p.id === pid) || { id: pid, name: pid, path: "", path_missing: false };
+}
+
+function renderProject() {
+  const row = state.current ? state.sessions.get(state.current) : null;
+  const frozen = row && row.message_count > 0;
+  const p = currentProject();
+  const chip = $("project-chip"), picker = $("project-picker");
+  chip.hidden = !frozen;
+  picker.hidden = !!frozen;
+  chip.textContent = `${p.name}${p.path ? " — " + p.path : ""}`;
+  chip.title = p.path;
+  chip.className = `chip${frozen ? " frozen" : ""}${p.path_missing ? " missing" : ""}`;
+  picker.replaceChildren(...state.projects.map((q) => el("option", { value: q.id }, `${q.name}${q.path_missing ? " (missing)" : ""}`)));
+  picker.value = p.id;
+  picker.classList.toggle("missing", !!p.path_missing);
+  $("locate").hidden = !(p.path_missing && !p.is_default && row);
+  if ($("locate").hidden) $("locate-input").hidden = true;
+}
+
+function runningReply() {
+  for (const id of state.order) {
+    const m = state.messages.get(id);
+    if (m && m.role === "assistant" && !m.caller && isOpen(m)) return m;
+  }
+  return null;
+}
+
+// Send turns into Stop while this chat's reply streams; offline, nothing is sent.
+function renderComposer() {
+  const running = state.online && runningReply();  // offline, nothing can be stopped from here
+  const send = $("send");
+  send.textContent = running ? "Stop" : "Send";
+  send.classList.toggle("danger", !!running);
+  send.disabled = !state.online || state.sending;
+  const input = $("input");
+  const hadFocus = document.activeElement === input;
+  input.disabled = !state.online;
+  if (state.online && input.dataset.refocus) { delete input.dataset.refocus; if (document.activeElement === document.body) input.focus(); }
+  if (!state.online && hadFocus) input.dataset.refocus = "1";  // a disabled box loses focus: give it back
+}
+
+function renderAll() { renderSidebar(); renderHeader(); renderMessages(); renderComposer(); }
+
+function showConn() {
+  const c = $("conn");
+  c.textContent = state.online ? "live" : "reconnecting…";
+  c.className = `conn ${state.online ? "online" : "offline"}`;
+  document.body.classList.toggle("offline", !state.online);
+  const banner = $("offline-banner");
+  banner.hidden = state.online || !state.everOpened;
+  banner.textContent = "Connection lost: reconnecting… Sending and Stop are paused until it is back; what the server wrote meanwhile will then show here.";
+  renderComposer();
+}
+
+function showError(msg) {
+  $("error").textContent = msg || "";
+  if (msg) setTimeout(() => { if ($("error").textContent === msg) $("error").textContent = ""; }, 6000);
+}
+
+// -- actions -------------------------------------------------------------------------
+
+async function act(action, fields = {}) {
+  try { return await request(action, { session_id: state.current, ...fields }); }
+  catch (e) { showError(e.message); return null; }
+}
+
+async function retry(msgId) {
+  const r = await act("retry", { msg_id: msgId });
+  if (r) await openSession(state.current, { keep: true });
+}
+
+async function switchBranch(msgId) {
+  const r = await act("switch_branch", { msg_id: msgId });
+  if (r) await openSession(state.current, { keep: true });
+}
+
+async function send(text) {
+  if (runningReply()) {
+    // the second click of a double click on Send is not a Stop
+    if (state.sendClicks < 2) act("stop", { msg_id: runningReply().msg_id });
+    return;
+  }
+  if (!text.trim() || state.sending) return;  // one message at a time: a double Enter makes no second chat
+  state.sending = true; renderComposer();
+  try {
+    const fields = { content: text };
+    if (state.current) fields.session_id = state.current; else fields.project_id = state.draftProject;
+    const ack = await request("chat", fields);
+    $("input").value = "";
+    growInput();
+    await openSession(ack.session_id, { keep: ack.session_id === state.current });
+    refreshRunning();
+  } catch (e) { showError(e.message); }
+  finally { state.sending = false; renderComposer(); }
+}
+
+function growInput() {
+  const t = $("input");
+  t.style.height = "auto";
+  t.style.height = `${Math.min(t.scrollHeight + 2, 200)}px`;
+}
+
+function newChat() { openDraft(); closeDrawer(); $("input").focus(); }
+
+function openDrawer() {
+  document.body.classList.add("drawer-open");
+  $("scrim").hidden = false;
+  $("menu-btn").setAttribute("aria-expanded", "true");
+  $("sessions").querySelector("button")?.focus();
+}
+
+function closeDrawer() {
+  if (!document.body.classList.contains("drawer-open")) return;
+  document.body.classList.remove("drawer-open");
+  $("scrim").hidden = true;
+  $("menu-btn").setAttribute("aria-expanded", "false");
+}
+
+function closeRename() {
+  $("title-input").hidden = true; $("title").hidden = false; state.renameFor = null;
+}
+
+$("send-form").addEventListener("submit", (ev) => {
+  ev.preventDefault(); send($("input").value); state.sendClicks = 0;
+});
+$("send").addEventListener("click", (ev) => { state.sendClicks = ev.detail; });  // 2: a double click's second
+$("input").addEventListener("keydown", (ev) => {
+  if (ev.isComposing || ev.keyCode === 229) return;  // an IME is composing: Enter picks a candidate
+  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); if (!runningReply() && !state.sending) send($("input").value); }
+});
+$("input").addEventListener("input", growInput);
+$("new-chat").addEventListener("click", newChat);
+$("search").addEventListener("input", (ev) => { state.search = ev.target.value; renderSidebar(); });
+for (const b of $("views").children) b.addEventListener("click", () => { state.view = b.dataset.view; renderSidebar(); });
+$("views").addEventListener("keydown", (ev) => {  // arrow keys move between tabs
+  if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
+  const tabs = [...$("views").children];
+  const i = tabs.findIndex((t) => t.dataset.view === state.view);
+  const next = tabs[(i + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
+  state.view = next.dataset.view; renderSidebar(); next.focus();
+});
+$("running-btn").addEventListener("click", () => {
+  const list = $("running-list");
+  list.hidden = !list.hidden;
+  $("running-btn").setAttribute("aria-expanded", String(!list.hidden));
+});
+$("menu-btn").addEventListener("click", () => (document.body.classList.contains("drawer-open") ? closeDrawer() : openDrawer()));
+$("scrim").addEventListener("click", closeDrawer);
+matchMedia("(max-width: 720px)").addEventListener("change", (e) => { if (!e.matches) closeDrawer(); });
+// The phone's actions row scrolls: a focused action is scrolled into view.
+$("actions").addEventListener("focusin", (ev) => ev.target.scrollIntoView?.({ block: "nearest", inline: "nearest" }));
+$("help-btn").addEventListener("click", () => $("help").showModal());
+$("act-rename").addEventListener("click", () => {
+  const input = $("title-input");
+  state.renameFor = state.current;
+  input.value = state.sessions.get(state.current)?.title || "";
+  input.hidden = false; $("title").hidden = true; input.focus(); input.select();
+});
+$("title-input").addEventListener("blur", closeRename);
+$("title-input").addEventListener("keydown", async (ev) => {
+  if (ev.key !== "Enter" && ev.key !== "Escape") return;
+  ev.stopPropagation();
+  const input = $("title-input");
+  const sid = state.renameFor;
+  const title = input.value.trim();
+  closeRename();
+  if (ev.key === "Enter" && title && sid) {
+    try { await request("rename_session", { session_id: sid, title }); } catch (e) { showError(e.message); }
+  }
+});
+$("act-regenerate").addEventListener("click", (ev) => {
+  const row = state.sessions.get(state.current);
+  const b = ev.currentTarget;
+  if (row?._user_titled && !b.classList.contains("confirm")) {  // a title the user typed: ask first
+    b.classList.add("confirm"); b.textContent = "Replace your title?";
+    setTimeout(() => { b.classList.remove("confirm"); b.textContent = "Regenerate title"; }, 4000);
+    return;
+  }
+  b.classList.remove("confirm"); b.textContent = "Regenerate title";
+  act("rename_session", { regenerate: true });
+});
+$("act-pin").addEventListener("click", () => act("set_pinned", { pinned: !state.sessions.get(state.current)?.pinned }));
+$("act-archive").addEventListener("click", () => act("set_archived", { archived: !state.sessions.get(state.current)?.archived }));
+$("act-delete").addEventListener("click", async (ev) => {
+  const b = ev.currentTarget;
+  if (!b.classList.contains("confirm")) {
+    b.classList.add("confirm"); b.textContent = "Confirm delete";
+    setTimeout(() => { b.classList.remove("confirm"); b.textContent = "Delete"; }, 4000);
+    return;
+  }
+  b.classList.remove("confirm"); b.textContent = "Delete";
+  await act("delete_session");
+});
+$("project-picker").addEventListener("change", async (ev) => {
+  const pid = ev.target.value;
+  if (!state.current) { state.draftProject = pid; renderProject(); return; }
+  await act("set_session_project", { project_id: pid });
+});
+$("locate").addEventListener("click", () => { const i = $("locate-input"); i.hidden = false; i.focus(); });
+$("locate-input").addEventListener("keydown", async (ev) => {
+  if (ev.key !== "Enter") return;
+  const r = await act("relocate_project", { project_id: currentProject().id, path: ev.target.value.trim() });
+  if (r) { ev.target.hidden = true; ev.target.value = ""; await openSession(state.current, { keep: true }); }
+});
+$("token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  TOKEN = $("token-input").value.trim();
+  sessionStorage.setItem(TOKEN_KEY, TOKEN);
+  $("token-box").hidden = true;
+  client.setToken(TOKEN);
+  client.failedOpens = 0;
+  client.reconnect();
+});
+document.addEventListener("keydown", (ev) => {
+  if (ev.key === "Tab" && document.body.classList.contains("drawer-open")) {  // focus stays in the open drawer
+    const items = [$("menu-btn"), ...$("sidebar").querySelectorAll("button, input, select, [tabindex='0']")]
+      .filter((n) => !n.disabled && n.offsetParent !== null && n.getAttribute("tabindex") !== "-1");
+    const i = items.indexOf(document.activeElement);
+    const next = items[(i + (ev.shiftKey ? items.length - 1 : 1) + items.length) % items.length];
+    if (next) { ev.preventDefault(); next.focus(); }
+    return;
+  }
+  const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement?.tagName || "");
+  if (ev.key === "/" && !typing && !ev.ctrlKey && !ev.metaKey && !ev.altKey) {
+    ev.preventDefault(); closeDrawer(); $("input").focus(); return;
+  }
+  if (ev.ctrlKey && ev.shiftKey && (ev.key === "O" || ev.key === "o")) { ev.preventDefault(); newChat(); return; }
+  if (ev.ctrlKey && ev.key === "/") { ev.preventDefault(); $("help").showModal(); return; }
+  if (ev.key === "Escape" && ev.shiftKey) { ev.preventDefault(); $("input").focus(); return; }
+  if (ev.key === "Escape" && !$("help").open) {
+    if (document.body.classList.contains("drawer-open")) { closeDrawer(); $("menu-btn").focus(); return; }
+    const m = runningReply();
+    if (m) { ev.preventDefault(); act("stop", { msg_id: m.msg_id }); }
+  }
+});
+setInterval(() => {  // relative times stay true
+  for (const t of document.querySelectorAll("#messages time")) {
+    t.textContent = ago(Date.parse(t.getAttribute("datetime")) / 1000);
+  }
+}, 30000);
+
+$("input").dataset.refocus = "1";  // focus goes to the composer on load, once it is enabled
+renderAll();
+showConn();
+client.start();
