@@ -162,6 +162,9 @@ class Replies:
                               placeholder.started_at or 0.0)
         if self.host.worker is not None and not leased:  # the reply's lease first: a running reply always has one
             await self.host.worker.reply_starting(session_id, msg_id)
+        calling = self.host.saver.active.get((session_id, caller)) if caller is not None else None
+        if calling is not None:  # the caller's text written before this call precedes it in the log
+            self.host.saver.flush(calling)
         try:
             with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
                 appended = await self.host.append_events(session_id, *events)

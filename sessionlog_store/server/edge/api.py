@@ -25,6 +25,7 @@ from sessionlog_store.projections.dstream import Refused
 from sessionlog_store.server.domain.errors import ServiceError
 from sessionlog_store.server.edge import apitypes as t
 from sessionlog_store.server.edge import protocol as p
+from sessionlog_store.server.edge.aisdk import ALLOW_HEADERS, AiChat, is_ai_path
 from sessionlog_store.server.edge.auth import REFUSED, Principal
 from sessionlog_store.server.edge.connection import error_of
 from sessionlog_store.server.edge.http import MAX_BODY, Exchange, Request
@@ -356,6 +357,13 @@ class Api:
             finally:
                 server.live_reads -= 1
             return
+        if is_ai_path(req.path):
+            server.live_reads += 1
+            try:
+                await self._ai(ex, req, body, remote, trusted_peer)
+            finally:
+                server.live_reads -= 1
+            return
         route, args = self._route(req)
         who = await self._principal(req, body, trusted_peer)
         call = Call(ops=self._operations(who, remote), args=args,
@@ -392,6 +400,20 @@ class Api:
             return
         who = await self._principal(req, body, trusted_peer, remote)
         await namespace.answer(ex, req, body, who.user)
+
+    async def _ai(self, ex: Exchange, req: Request, body: bytes, remote: str, trusted_peer: bool) -> None:
+        """/v1/ai/chat: the Vercel AI SDK's door (aisdk.py), to a page of
+        another origin too when it is one of --allow-origin (CORS)."""
+        origin = req.headers.get("origin")
+        if origin is not None and origin.lower() in self.server.allowed_origins():
+            ex.extra = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        if req.method == "OPTIONS":  # a browser's preflight (the origin's answer is in ex.extra)
+            await ex.reply(204, headers={"Access-Control-Allow-Methods": "GET, POST",
+                                         "Access-Control-Allow-Headers": ALLOW_HEADERS,
+                                         "Access-Control-Max-Age": "600"})
+            return
+        who = await self._principal(req, body, trusted_peer)
+        await AiChat(ex, self._operations(who, remote), self.server.log_taps).answer(req, body)
 
     async def _principal(self, req: Request, body: bytes, trusted_peer: bool, remote: str | None = None) -> Principal:
         """Who sends the request (as a WebSocket's handshake is checked), within

@@ -99,6 +99,29 @@ class LogTaps:
                 del self.taps[sid]
 
 
+async def durable_records(es: EventLog, sid: str, start: int) -> list[Record]:
+    """The durable records of a session's log after seq `start`."""
+    durable = es.durable_seq(sid)
+    if start >= durable:
+        return []
+    return [r for r in await es.read(sid, start) if r.seq <= durable]
+
+
+async def next_durable(es: EventLog, sid: str, pos: int, tap: Tap) -> list[Record] | None:
+    """The tapped records after `pos`, once durable (waiting for some);
+    None when the tap is void (the reader ends and resumes)."""
+    while True:
+        if tap.void:
+            return None
+        fresh = [r for r in tap.records if r.seq > pos]
+        tap.records.clear()
+        if fresh:
+            await es.wait_durable(sid, fresh[-1].seq)
+            return fresh
+        tap.changed = trio.Event()
+        await tap.changed.wait()
+
+
 def _message(rec: Record) -> bytes:
     return b'{"seq":%d,"ts":%s,"event":%s}' % (rec.seq, json.dumps(rec.ts).encode(), _ENCODE.encode(rec.event))
 
@@ -136,25 +159,10 @@ class SessionLogStream:
             self.taps.close(self.sid, tap)
 
     async def _read(self, start: int) -> list[Record]:
-        """The durable records after seq `start`."""
-        durable = self.es.durable_seq(self.sid)
-        if start >= durable:
-            return []
-        return [r for r in await self.es.read(self.sid, start) if r.seq <= durable]
+        return await durable_records(self.es, self.sid, start)
 
     async def _next(self, pos: int, tap: Tap) -> list[Record] | None:
-        """The tapped records after `pos`, once durable (waiting for some);
-        None when the tap is void (the reader ends and resumes)."""
-        while True:
-            if tap.void:
-                return None
-            fresh = [r for r in tap.records if r.seq > pos]
-            tap.records.clear()
-            if fresh:
-                await self.es.wait_durable(self.sid, fresh[-1].seq)
-                return fresh
-            tap.changed = trio.Event()
-            await tap.changed.wait()
+        return await next_durable(self.es, self.sid, pos, tap)
 
     def _closing(self, records: list[Record]) -> dict[str, str]:
         if records and isinstance(records[-1].event, SessionDeleted):

@@ -233,7 +233,9 @@ class Operations:
                 "head": head or state.head,
                 "seq": state.seq, "durable_seq": self.store.es.durable_seq(sid)}
 
-    async def chat(self, r: p.Chat) -> tuple[str, dict[str, Any]]:
+    async def chat(self, r: p.Chat, new_id: str | None = None) -> tuple[str, dict[str, Any]]:
+        """A user's message and the agent's reply; without `r.session_id` in a
+        new session (named `new_id` when given: the AI SDK's chat id)."""
         store = self.store
         if not r.content.strip():
             raise ServiceError("bad_field", "a chat message must not be empty")
@@ -246,7 +248,7 @@ class Operations:
                 store.claim_turn(sid)
                 claimed = True
             else:
-                sid = new_session_id()
+                sid = new_id or new_session_id()
             # On a shared stream, the reply's lease first (an election: refused, nothing written)
             reply_id = await store.reserve_reply(sid)
             if r.session_id is None:
