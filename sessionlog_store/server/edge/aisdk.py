@@ -1,4 +1,4 @@
-"""The Vercel AI SDK's door (docs/AI-SDK.md): a React app's `useChat` with
+"""The Vercel AI SDK's door (docs/HTTP.md: "The Vercel AI SDK"): a React app's `useChat` with
 its default transport talks to sessionlog's agents with nothing but this
 endpoint's URL.
 
