@@ -100,11 +100,14 @@ class LogTaps:
 
 
 async def durable_records(es: EventLog, sid: str, start: int) -> list[Record]:
-    """The durable records of a session's log after seq `start`."""
-    durable = es.durable_seq(sid)
-    if start >= durable:
-        return []
-    return [r for r in await es.read(sid, start) if r.seq <= durable]
+    """The records of a session's log after seq `start`, once durable. (All
+    of them, waiting for the last one's durability: a record appended before
+    a live reader's tap opened and not durable yet is in no tap, so a read of
+    only the durable ones would skip it for good.)"""
+    records = await es.read(sid, start)
+    if records:
+        await es.wait_durable(sid, records[-1].seq)
+    return records
 
 
 async def next_durable(es: EventLog, sid: str, pos: int, tap: Tap) -> list[Record] | None:
