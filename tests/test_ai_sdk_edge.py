@@ -195,6 +195,69 @@ async def test_a_live_reader_that_comes_while_a_record_is_not_durable_yet_gets_i
     assert "held back " in deltas and deltas.endswith("and the end"), got["ai"][-2000:]
 
 
+class SseReader:
+    """A raw live read: its bytes so far, and an event per marker seen."""
+
+    def __init__(self, port: int, path: str) -> None:
+        self.port, self.path, self.got = port, path, b""
+        self.seen: dict[bytes, trio.Event] = {}
+
+    def when(self, marker: bytes, after: int = 0) -> trio.Event:
+        ev = self.seen[marker] = trio.Event()
+        self._check(after)
+        return ev
+
+    def _check(self, after: int = 0) -> None:
+        for marker, ev in self.seen.items():
+            if marker in self.got[after:]:
+                ev.set()
+
+    async def run(self, end: bytes) -> None:
+        s = await trio.open_tcp_stream("127.0.0.1", self.port)
+        await s.send_all(f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                         f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+        with trio.fail_after(30):
+            while end not in self.got:
+                self.got += await s.receive_some(65536)
+                self._check()
+        await s.aclose()
+
+
+async def test_a_heartbeat_during_a_durability_wait_loses_nothing(root, nursery, monkeypatch):
+    """A live reader waits for a record's durability when its heartbeat's
+    timer fires (a slow disk, or a model silent for 15 s then writing): the
+    records it was waiting for are sent after the keep-alive, not dropped."""
+    from sessionlog_store.server.edge import aisdk, logstream
+    monkeypatch.setattr(aisdk, "HEARTBEAT_SECONDS", 0.3)
+    monkeypatch.setattr(logstream, "HEARTBEAT_SECONDS", 0.3)
+    fs = GateFS()
+    server = await start(nursery, root, fs=fs)
+    async with HttpClient(server.port, TOKEN) as c:
+        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
+        await c.request("POST", f"/v1/sessions/{sid}/messages", {"content": "hi"})
+        opened = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        ai = SseReader(server.port, f"/v1/ai/chat/{sid}/stream")
+        log = SseReader(server.port, f"/v1/stream/sessions/{sid}?offset=-1&live=sse")
+        async with trio.open_nursery() as n:
+            n.start_soon(ai.run, b"[DONE]")
+            n.start_soon(log.run, b"message_finalized")
+            await ai.when(b"start-step").wait()
+            await log.when(b"message_created").wait()
+            fs.gate.clear()
+            mark_ai, mark_log = len(ai.got), len(log.got)
+            a = await c.request("POST", opened["stream"], raw=b"held back ", headers={"Content-Type": "text/plain"})
+            assert a.status in (200, 204)
+            await ai.when(b"keep-alive", mark_ai).wait()   # the timer fired while the record waited
+            await log.when(b"keep-alive", mark_log).wait()
+            fs.gate.set()
+            a = await c.request("POST", opened["stream"], raw=b"and the end",
+                                headers={"Content-Type": "text/plain", "Stream-Closed": "true"})
+            assert a.status in (200, 204), a.body
+    events = [json.loads(line) for line in re.findall(rb"^data: (\{.*\})\r?$", ai.got, re.M)]
+    assert "".join(c["delta"] for c in events if c["type"] == "text-delta") == "held back and the end"
+    assert b'"d":"held back "' in log.got
+
+
 def test_the_fold_ends_an_error_a_failed_tool_and_a_deleted_session():
     fold = UiReplyFold("r")
     assert fold.feed(MessageCreated(msg_id="u", role="user", content="hi")) == []

@@ -99,11 +99,15 @@ class LogTaps:
                 del self.taps[sid]
 
 
-async def durable_records(es: EventLog, sid: str, start: int) -> list[Record]:
-    """The records of a session's log after seq `start`, once durable. (All
-    of them, waiting for the last one's durability: a record appended before
-    a live reader's tap opened and not durable yet is in no tap, so a read of
-    only the durable ones would skip it for good.)"""
+async def durable_records(es: EventLog, sid: str, start: int, *, wait: bool = True) -> list[Record]:
+    """The records of a session's log after seq `start`, once durable. A
+    live reader waits for the last one's durability (`wait`): a record
+    appended before its tap opened and not durable yet is in no tap, so
+    leaving it out would skip it for good. A catch-up read (`wait=False`)
+    answers the durable ones at once: its reader asks again from its offset."""
+    if not wait:
+        durable = es.durable_seq(sid)
+        return [r for r in await es.read(sid, start) if r.seq <= durable] if start < durable else []
     records = await es.read(sid, start)
     if records:
         await es.wait_durable(sid, records[-1].seq)
@@ -112,15 +116,19 @@ async def durable_records(es: EventLog, sid: str, start: int) -> list[Record]:
 
 async def next_durable(es: EventLog, sid: str, pos: int, tap: Tap) -> list[Record] | None:
     """The tapped records after `pos`, once durable (waiting for some);
-    None when the tap is void (the reader ends and resumes)."""
+    None when the tap is void (the reader ends and resumes). Cancelled while
+    it waits for durability (a heartbeat's timer), it keeps them in the tap:
+    the next call hands them over."""
     while True:
         if tap.void:
             return None
         fresh = [r for r in tap.records if r.seq > pos]
-        tap.records.clear()
         if fresh:
             await es.wait_durable(sid, fresh[-1].seq)
+            last = fresh[-1].seq
+            tap.records = [r for r in tap.records if r.seq > last]
             return fresh
+        tap.records.clear()
         tap.changed = trio.Event()
         await tap.changed.wait()
 
@@ -173,7 +181,8 @@ class SessionLogStream:
         return {}
 
     async def _catch_up(self, start: int, method: str, if_none_match: str) -> None:
-        records = (await self._read(start))[:CHUNK_RECORDS] if method != "HEAD" else []
+        records = (await durable_records(self.es, self.sid, start, wait=False))[:CHUNK_RECORDS] \
+            if method != "HEAD" else []
         end = records[-1].seq if records else max(start, 0) if method != "HEAD" else self.es.durable_seq(self.sid)
         up = end >= self.es.durable_seq(self.sid)
         headers = {"Stream-Next-Offset": encode_offset(end, self.tag), "Cache-Control": "no-store",
