@@ -88,7 +88,10 @@ export class Reply {
   /** A tool call this reply makes, as a message of its own under it (its
    * arguments in its metadata, as the server's own agents record theirs):
    * write its result into it and close it. */
-  toolCall(tool: string, opts: { callId: string; arguments?: string; metadata?: Record<string, unknown> }): Promise<Reply> {
+  async toolCall(tool: string, opts: { callId: string; arguments?: string; metadata?: Record<string, unknown> }):
+      Promise<Reply> {
+    // What this reply wrote before the call goes first (the call's place in the text)
+    if (!this.stopped.aborted) await this.#producer.flush().catch((e) => this.#refused(e))
     return this.#api.reply(this.sessionId, {
       kind: "tool_call", caller: this.replyId, parent_id: this.replyId,
       metadata: { ...opts.metadata, tool, tool_call_id: opts.callId, arguments: opts.arguments ?? "" },

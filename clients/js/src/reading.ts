@@ -48,15 +48,14 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 function refusal(e: unknown): ApiError | null {
   const status = e instanceof FetchError ? e.status : e instanceof DurableStreamError ? e.status : undefined
   if (status === undefined || status < 400 || status >= 500 || status === 408 || status === 429) return null
-  let code = `http_${status}`
-  let message = (e as Error).message
-  const text = e instanceof FetchError ? e.text : undefined
-  try {
-    const body = JSON.parse(text ?? "") as { error?: { code?: string; message?: string } }
-    code = body.error?.code ?? code
-    message = body.error?.message ?? message
-  } catch { /* not our JSON */ }
-  return new ApiError(status, code, message)
+  // Our `{"error": {code, message}}`: a FetchError holds it parsed (`json`)
+  // or as text, a DurableStreamError in `details`.
+  let body: unknown = e instanceof FetchError ? (e.json ?? e.text) : (e as DurableStreamError).details
+  if (typeof body === "string") {
+    try { body = JSON.parse(body) } catch { /* not our JSON */ }
+  }
+  const error = (body as { error?: { code?: string; message?: string } } | undefined)?.error
+  return new ApiError(status, error?.code ?? `http_${status}`, error?.message ?? (e as Error).message)
 }
 
 type Item = { chunk: Chunk } | { end: true } | { error: unknown }

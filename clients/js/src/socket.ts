@@ -112,7 +112,7 @@ export class SocketClient {
   /** Connect, and keep reconnecting until `close()`. */
   start(): this {
     this.#stopped = false
-    this.#connect()
+    if (!this.#ws && !this.#retry) this.#connect()  // (started already: nothing more)
     const hb = this.#opts.heartbeatMs
     this.#timer ??= setInterval(() => {
       if (!this.online) return

@@ -38,8 +38,11 @@ export async function cuttingProxy(target) {
 
 /** `sessionlog serve` in a process of its own; `restart()` keeps its data and port. */
 export class Serve {
-  constructor({ extra = [], allowedHosts = [] } = {}) {
+  /** `held`: on a disk whose syncs wait while the file `this.hold` exists (test/held_serve.py). */
+  constructor({ extra = [], allowedHosts = [], held = false } = {}) {
     this.dir = mkdtempSync(path.join(tmpdir(), "sl-js-"))
+    this.held = held
+    this.hold = path.join(this.dir, "hold")
     this.extra = extra
     this.allowedHosts = allowedHosts
     this.port = 0
@@ -50,10 +53,13 @@ export class Serve {
   get ws() { return `ws://127.0.0.1:${this.port}/ws` }
 
   async start() {
-    const args = ["-m", "sessionlog_store", "serve", "--root", path.join(this.dir, "data"), "--port", String(this.port),
+    const runner = this.held ? [path.join(path.dirname(fileURLToPath(import.meta.url)), "held_serve.py")]
+                             : ["-m", "sessionlog_store"]
+    const args = [...runner, "serve", "--root", path.join(this.dir, "data"), "--port", String(this.port),
                   "--token", TOKEN, "--agent-speed", "25", ...this.allowedHosts.flatMap((h) => ["--allowed-host", h]),
                   ...this.extra]
-    const proc = spawn(PYTHON, args, { env: { ...process.env, PYTHONPATH: ROOT, PYTHONUNBUFFERED: "1" },
+    const proc = spawn(PYTHON, args, { env: { ...process.env, PYTHONPATH: ROOT, PYTHONUNBUFFERED: "1",
+                                              SESSIONLOG_HOLD: this.hold },
                                        stdio: ["ignore", "pipe", "pipe"] })
     this.proc = proc
     let err = ""

@@ -5,6 +5,7 @@
 import assert from "node:assert/strict"
 import { after, before, describe, test } from "node:test"
 import { ApiError, Client } from "../dist/index.js"
+import { rmSync, writeFileSync } from "node:fs"
 import { Serve, TOKEN, cuttingProxy, until } from "./helpers.mjs"
 
 describe("Client over HTTP", () => {
@@ -29,6 +30,9 @@ describe("Client over HTTP", () => {
     await sl.deleteSession(row.id)
     await assert.rejects(sl.getSession(row.id), (e) => e instanceof ApiError && e.status === 404 && e.code === "unknown_session")
     await assert.rejects(sl.getSession("../etc"), (e) => e instanceof ApiError && e.code === "invalid_session_id")
+    // a stream read's refusal carries the server's code too
+    const read = async (sid, mid, offset) => { for await (const _ of sl.readMessage(sid, mid, { offset, live: false })) {} }
+    await assert.rejects(read(row.id, mid, "-1"), (e) => e instanceof ApiError && e.status === 404 && e.code === "unknown_session")
     const wrong = new Client({ baseUrl: serve.base, token: "wrong" })
     await assert.rejects(wrong.listSessions(), (e) => e instanceof ApiError && e.status === 401)
   })
@@ -107,6 +111,11 @@ describe("Client over HTTP", () => {
     assert.equal(call.caller, replyId)
     assert.deepEqual([call.metadata.tool, call.metadata.tool_call_id, call.metadata.arguments],
                      ["search", "call_1", '{"q":"durable"}'])
+    // in the log, the text written before the call comes before it (the call's place in the reply)
+    const log = await (await fetch(sl.url(`stream/sessions/${row.id}?offset=-1`), { headers: sl.headers() })).json()
+    const order = log.map((r) => r.event).filter((e) => (e.type === "p" && e.m === replyId && e.d) ||
+                                                       (e.type === "message_created" && e.kind === "tool_call"))
+    assert.deepEqual(order.map((e) => e.type === "p" ? e.d : "tool"), ["Let me look.", "tool", " Found 3."])
   })
 
   test("a producer that throws ends its reply error with the message, and the error goes on", async () => {
@@ -140,6 +149,16 @@ describe("Client over HTTP", () => {
     assert.equal(reply.content, "before the stop")
   })
 
+  test("a read from past a message's end is refused bad_offset", async () => {
+    const row = await sl.createSession()
+    const mid = await sl.addMessage(row.id, "short")
+    let offset
+    for await (const c of sl.readMessage(row.id, mid, { live: false })) offset = c.offset
+    const beyond = String(Number(offset.slice(0, 16)) + 5).padStart(16, "0") + offset.slice(16)
+    const read = async () => { for await (const _ of sl.readMessage(row.id, mid, { offset: beyond, live: false })) {} }
+    await assert.rejects(read(), (e) => e instanceof ApiError && e.status === 400 && e.code === "bad_offset")
+  })
+
   test("a reader across a server restart (SIGKILL mid-reply) ends with exactly the stored text", async () => {
     const ack = await sl.chat("a long one please")
     let text = ""
@@ -158,5 +177,40 @@ describe("Client over HTTP", () => {
     const stored = (await sl.getSession(ack.session_id)).messages.find((m) => m.msg_id === ack.reply_id)
     assert.equal(stored.status, "aborted")
     assert.equal(text, stored.content)
+  })
+
+  test("a tail the server sent and then lost in a crash is taken back (Chunk.restart); the text ends as stored", async () => {
+    const held = new Serve({ held: true })
+    await held.start()
+    try {
+      const c = new Client({ baseUrl: held.base, token: TOKEN })
+      const ack = await c.chat("a long one please")
+      let text = ""
+      let restarts = 0
+      let last
+      for await (const ch of c.readMessage(ack.session_id, ack.reply_id)) {
+        if (ch.restart) restarts += 1
+        text = ch.restart ? ch.text : text + ch.text
+        last = ch
+        if (!held.stalled && text.length > 20) {
+          writeFileSync(held.hold, "")  // the disk stalls: what is sent from now on is not written
+          held.stalled = true
+          held.sentAtStall = text.length
+        }
+        if (held.stalled && !held.restarted && text.length > held.sentAtStall + 10) {  // sent past the stall: crash
+          held.restarted = true
+          await held.kill()
+          rmSync(held.hold, { force: true })
+          await held.start()
+        }
+      }
+      assert.ok(held.restarted)
+      assert.equal(restarts, 1, "the lost tail was taken back once")
+      assert.equal(last.status, "aborted")
+      const stored = (await c.getSession(ack.session_id)).messages.find((m) => m.msg_id === ack.reply_id)
+      assert.equal(text, stored.content)
+    } finally {
+      await held.close()
+    }
   })
 })

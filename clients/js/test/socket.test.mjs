@@ -5,6 +5,7 @@
 import assert from "node:assert/strict"
 import { after, before, describe, test } from "node:test"
 import { ApiError, Client, ConnectionLost, SocketClient } from "../dist/index.js"
+import { rmSync, writeFileSync } from "node:fs"
 import { Serve, TOKEN, cuttingProxy, until } from "./helpers.mjs"
 
 /** Follow a message through `socket` to its end: {text, status, updates}. */
@@ -130,5 +131,32 @@ describe("SocketClient", () => {
     await until(() => s.failedOpens >= 2, { what: "two refused opens" })
     assert.equal(s.everOpened, false)
     s.close()
+  })
+
+  test("a tail the server sent and then lost in a crash is taken back by a lower offset; the text ends as stored", async () => {
+    const held = new Serve({ held: true })
+    await held.start()
+    try {
+      const s = open(held.port)
+      await opened(s)
+      const ack = await s.request("chat", { content: "a long one please" })
+      const f = follow(s, ack.session_id, ack.reply_id)
+      await until(() => f.text().length > 20, { what: "some text" })
+      writeFileSync(held.hold, "")  // the disk stalls: what is sent from now on is not written
+      const atStall = f.text().length
+      await until(() => f.text().length > atStall + 10, { what: "text sent past the stall" })
+      const sent = f.text().length
+      await held.kill()
+      rmSync(held.hold, { force: true })
+      await held.start()
+      const end = await f.done
+      assert.equal(end.status, "aborted")
+      const http2 = new Client({ baseUrl: held.base, token: TOKEN })
+      const stored = (await http2.getSession(ack.session_id)).messages.find((m) => m.msg_id === ack.reply_id)
+      assert.ok(stored.content.length < sent, "the crash lost a tail the subscriber was sent")
+      assert.equal(end.text, stored.content)
+    } finally {
+      await held.close()
+    }
   })
 })

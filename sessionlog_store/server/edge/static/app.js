@@ -93,7 +93,7 @@
     /** Connect, and keep reconnecting until `close()`. */
     start() {
       __privateSet(this, _stopped, false);
-      __privateMethod(this, _SocketClient_instances, connect_fn).call(this);
+      if (!__privateGet(this, _ws) && !__privateGet(this, _retry)) __privateMethod(this, _SocketClient_instances, connect_fn).call(this);
       const hb = __privateGet(this, _opts).heartbeatMs;
       __privateGet(this, _timer) ?? __privateSet(this, _timer, setInterval(() => {
         var _a;
