@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from sessionlog_store.server.edge.aisdk import chat_session
+
 from .conftest import ROOT
 from .nodejs import node_tests
 from .processes import ServeProcess, free_port
@@ -61,7 +63,7 @@ def sessionlog(tmp_path: Path, app: int) -> Iterator[ServeProcess]:
 
 
 def stored(port: int, chat: str) -> list[dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/sessions/{chat}",
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/sessions/{chat_session('', chat)}",
                                  headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())["messages"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 
 import trio
 import trio.testing
@@ -16,9 +17,11 @@ import trio.testing
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress,
                                                 SessionDeleted)
 from sessionlog_store.projections.ui_stream import UiReplyFold, ui_messages
+from sessionlog_store.server.edge.aisdk import chat_session
 from sessionlog_store.server.edge.auth import AuthConfig
 
 from .httpc import HttpClient
+from .processes import ServeProcess, free_port
 from .test_deploy import start
 from .test_users import TOKENS, tokens_file
 from .test_users import start as start_users  # (a server of several users)
@@ -40,6 +43,17 @@ def chat_body(chat: str, text: str) -> dict[str, object]:
             "trigger": "submit-message", "messageId": None, "extra": "an app's own field"}
 
 
+async def external_reply(c: HttpClient, chat: str) -> tuple[str, dict]:
+    """A chat made through the door (its first turn answered), then a reply
+    an external producer streams in it: (its session id, the opened reply)."""
+    got = chunks((await c.request("POST", "/v1/ai/chat", chat_body(chat, "hi"))).body)
+    sid = got[0]["messageMetadata"]["sessionId"]  # type: ignore[index]
+    await c.request("POST", f"/v1/sessions/{sid}/messages", {"content": "and now?"})
+    opened = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+    assert "reply_id" in opened, opened
+    return sid, opened
+
+
 async def test_a_chat_is_one_ui_message_stream_and_its_messages_come_back(root, nursery):
     server = await start(nursery, root)
     async with HttpClient(server.port, TOKEN) as c:
@@ -50,12 +64,13 @@ async def test_a_chat_is_one_ui_message_stream_and_its_messages_come_back(root, 
         assert got[-1] == "[DONE]" and got[-2] == {"type": "finish", "finishReason": "stop"}
         start_ = got[0]
         assert isinstance(start_, dict) and start_["type"] == "start"
-        reply = start_["messageId"]
+        reply, sid = start_["messageId"], start_["messageMetadata"]["sessionId"]
+        assert sid == chat_session("", "chatOne")
         text = "".join(c["delta"] for c in got if isinstance(c, dict) and c["type"] == "text-delta")
         calls = [c for c in got if isinstance(c, dict) and c["type"].startswith("tool-")]
         assert [c["type"] for c in calls][:2] == ["tool-input-available", "tool-output-available"]
         assert calls[0]["toolName"] == "search" and calls[0]["dynamic"] is True
-        loaded = (await c.request("GET", "/v1/sessions/chatOne")).json()
+        loaded = (await c.request("GET", f"/v1/sessions/{sid}")).json()
         stored = {m["msg_id"]: m for m in loaded["messages"]}
         assert loaded["session"]["source"] == "ai-sdk"
         assert stored[reply]["content"] == text and stored[reply]["status"] == "done"
@@ -77,21 +92,19 @@ async def test_resume_replays_a_running_reply_whole_then_live_to_its_stop(root, 
     that leaves (the reply goes on), and a Stop: `abort`, "stopped by user"."""
     server = await start(nursery, root)
     async with HttpClient(server.port, TOKEN) as c, HttpClient(server.port, TOKEN) as reader:
-        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
-        await c.request("POST", f"/v1/sessions/{sid}/messages", {"content": "hi"})
-        opened = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        sid, opened = await external_reply(c, "resumed")
         stream = opened["stream"]
         assert (await c.request("POST", stream, raw=b"before ", headers={"Content-Type": "text/plain"})).status in (200, 204)
         # a reader that leaves at once: the reply goes on
         s = await trio.open_tcp_stream("127.0.0.1", server.port)
-        await s.send_all(f"GET /v1/ai/chat/{sid}/stream HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        await s.send_all(f"GET /v1/ai/chat/resumed/stream HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
                          f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
         await s.receive_some(100)
         await s.aclose()
         result: dict[str, bytes] = {}
 
         async def read() -> None:
-            result["body"] = (await reader.request("GET", f"/v1/ai/chat/{sid}/stream")).body
+            result["body"] = (await reader.request("GET", "/v1/ai/chat/resumed/stream")).body
         async with trio.open_nursery() as n:
             n.start_soon(read)
             for text in (b"after ", b"more"):
@@ -103,7 +116,7 @@ async def test_resume_replays_a_running_reply_whole_then_live_to_its_stop(root, 
         stored = [m for m in (await c.request("GET", f"/v1/sessions/{sid}")).json()["messages"]
                   if m["msg_id"] == opened["reply_id"]][0]
         assert stored["content"] == "before after more"
-        assert got[0] == {"type": "start", "messageId": opened["reply_id"]}
+        assert got[0] == {"type": "start", "messageId": opened["reply_id"], "messageMetadata": {"sessionId": sid}}
         assert "".join(c["delta"] for c in got if isinstance(c, dict) and c["type"] == "text-delta") == \
             "before after more"
         assert got[-2:] == [{"type": "text-end", "id": f"{opened['reply_id']}-1"},
@@ -117,24 +130,30 @@ async def test_credentials_another_users_chat_and_bad_input(root, nursery, tmp_p
     server = await start_users(nursery, root, auth=AuthConfig(mode="tokens-file", tokens_file=tokens_file(tmp_path)))
     async with HttpClient(server.port, TOKENS["alice"]) as alice, HttpClient(server.port, TOKENS["bob"]) as bob, \
             HttpClient(server.port) as nobody:
-        assert chunks((await alice.request("POST", "/v1/ai/chat", chat_body("alicechat", "hello"))).body)[-1] == "[DONE]"
+        got = chunks((await alice.request("POST", "/v1/ai/chat", chat_body("alicechat", "hello"))).body)
+        assert got[-1] == "[DONE]"
+        hers = got[0]["messageMetadata"]["sessionId"]  # type: ignore[index]
+        assert hers == chat_session("alice", "alicechat")
         a = await nobody.request("POST", "/v1/ai/chat", chat_body("x1", "hello"))
         assert a.status == 401
-        # bob names alice's chat: nothing of hers is read or written
-        a = await bob.request("POST", "/v1/ai/chat", chat_body("alicechat", "let me in"))
-        assert a.status == 409 and a.json()["error"]["code"] == "session_exists", a.body
-        assert (await bob.request("GET", "/v1/ai/chat/alicechat/messages")).json() == []
-        assert (await bob.request("GET", "/v1/ai/chat/alicechat/stream")).status == 204
-        assert len((await alice.request("GET", "/v1/sessions/alicechat")).json()["messages"]) == 2
-        for body, code in [(chat_body("../../etc", "x"), "invalid_session_id"),
+        # bob names alice's chat id: it is a new chat of his (nothing of hers is read, written or told)
+        got = chunks((await bob.request("POST", "/v1/ai/chat", chat_body("alicechat", "let me in"))).body)
+        assert got[-1] == "[DONE]" and got[0]["messageMetadata"]["sessionId"] != hers  # type: ignore[index]
+        assert [m["role"] for m in (await bob.request("GET", "/v1/ai/chat/alicechat/messages")).json()] == \
+            ["user", "assistant"]
+        assert "let me in" not in (await alice.request("GET", "/v1/ai/chat/alicechat/messages")).body.decode()
+        assert len((await alice.request("GET", f"/v1/sessions/{hers}")).json()["messages"]) == 2
+        assert (await bob.request("GET", f"/v1/sessions/{hers}")).status == 404
+        for body, code in [(chat_body("x" * 201, "x"), "bad_field"), (chat_body("", "x"), "bad_field"),
                            (chat_body("ok1", "   "), "bad_field"),
                            ({**chat_body("ok1", "x"), "trigger": "regenerate-message"}, "bad_request"),
                            ({"id": "ok1", "messages": []}, "bad_request"),
                            ({"messages": []}, "bad_request")]:
             a = await alice.request("POST", "/v1/ai/chat", body)
             assert a.status == 400 and a.json()["error"]["code"] == code, (body, a.body)
-        assert (await alice.request("GET", "/v1/ai/chat/..%2F..%2Fetc/messages")).status == 400
-        assert [r["id"] for r in (await alice.request("GET", "/v1/sessions")).json()["rows"]] == ["alicechat"]
+        a = await alice.request("GET", "/v1/ai/chat/..%2F..%2Fetc/messages")  # (a chat id, hashed: no path)
+        assert a.status == 200 and a.json() == []
+        assert [r["id"] for r in (await alice.request("GET", "/v1/sessions")).json()["rows"]] == [hers]
 
 
 async def test_a_page_of_another_origin_given_by_allow_origin(root, nursery):
@@ -171,9 +190,7 @@ async def test_a_live_reader_that_comes_while_a_record_is_not_durable_yet_gets_i
     fs = GateFS()
     server = await start(nursery, root, fs=fs)
     async with HttpClient(server.port, TOKEN) as c:
-        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
-        await c.request("POST", f"/v1/sessions/{sid}/messages", {"content": "hi"})
-        opened = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
+        sid, opened = await external_reply(c, "gated")
         fs.gate.clear()  # what is appended now is not durable until the gate opens
         a = await c.request("POST", opened["stream"], raw=b"held back ", headers={"Content-Type": "text/plain"})
         assert a.status in (200, 204)
@@ -182,8 +199,9 @@ async def test_a_live_reader_that_comes_while_a_record_is_not_durable_yet_gets_i
         async def read(name: str, path: str, until: bytes) -> None:
             got[name] = await read_sse_until(server.port, path, until)
         async with trio.open_nursery() as n:
-            n.start_soon(read, "log", f"/v1/stream/sessions/{sid}?offset=-1&live=sse", b"message_finalized")
-            n.start_soon(read, "ai", f"/v1/ai/chat/{sid}/stream", b"[DONE]")
+            end = f'"message_finalized","msg_id":"{opened["reply_id"]}"'.encode()
+            n.start_soon(read, "log", f"/v1/stream/sessions/{sid}?offset=-1&live=sse", end)
+            n.start_soon(read, "ai", "/v1/ai/chat/gated/stream", b"[DONE]")
             await trio.testing.wait_all_tasks_blocked()
             fs.gate.set()
             a = await c.request("POST", opened["stream"], raw=b"and the end",
@@ -233,16 +251,14 @@ async def test_a_heartbeat_during_a_durability_wait_loses_nothing(root, nursery,
     fs = GateFS()
     server = await start(nursery, root, fs=fs)
     async with HttpClient(server.port, TOKEN) as c:
-        sid = (await c.request("POST", "/v1/sessions", {})).json()["session"]["id"]
-        await c.request("POST", f"/v1/sessions/{sid}/messages", {"content": "hi"})
-        opened = (await c.request("POST", f"/v1/sessions/{sid}/replies", {})).json()
-        ai = SseReader(server.port, f"/v1/ai/chat/{sid}/stream")
+        sid, opened = await external_reply(c, "beating")
+        ai = SseReader(server.port, "/v1/ai/chat/beating/stream")
         log = SseReader(server.port, f"/v1/stream/sessions/{sid}?offset=-1&live=sse")
         async with trio.open_nursery() as n:
             n.start_soon(ai.run, b"[DONE]")
-            n.start_soon(log.run, b"message_finalized")
+            n.start_soon(log.run, f'"message_finalized","msg_id":"{opened["reply_id"]}"'.encode())
             await ai.when(b"start-step").wait()
-            await log.when(b"message_created").wait()
+            await log.when(opened["reply_id"].encode()).wait()
             fs.gate.clear()
             mark_ai, mark_log = len(ai.got), len(log.got)
             a = await c.request("POST", opened["stream"], raw=b"held back ", headers={"Content-Type": "text/plain"})
@@ -287,4 +303,48 @@ def test_the_fold_ends_an_error_a_failed_tool_and_a_deleted_session():
     msgs = [{"msg_id": "u", "role": "user", "kind": "chat", "caller": None, "status": "done", "content": "q"},
             {"msg_id": "r", "role": "assistant", "kind": "llm_reply", "caller": None, "status": "running",
              "content": "partial"}]
-    assert ui_messages(msgs) == [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "q"}]}]
+    assert ui_messages(msgs) == [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "q"}]},
+                                 {"id": "r", "role": "assistant", "parts": [{"type": "text", "text": "partial"}]}]
+
+
+async def test_a_stop_of_the_server_ends_a_stream_with_its_reply_abort(tmp_path):
+    """SIGTERM while a reply streams through the door: the stream's last
+    chunks say how the reply ended (`abort`, "server shutdown"), then
+    `[DONE]`, and they match what is stored once the server is back."""
+    proc = ServeProcess(str(tmp_path / "data"), free_port(), speed=10.0, token=TOKEN, log=tmp_path / "serve.log")
+    proc.start()
+    try:
+        reader = SseReader(proc.port, "/v1/ai/chat")
+        body = json.dumps(chat_body("stopped", "tell me everything")).encode()
+
+        async def post() -> None:  # (SseReader's GET, as a POST with the chat's body)
+            s = await trio.open_tcp_stream("127.0.0.1", proc.port)
+            await s.send_all(f"POST /v1/ai/chat HTTP/1.1\r\nHost: 127.0.0.1:{proc.port}\r\nAuthorization: Bearer "
+                             f"{TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                             .encode() + body)
+            with trio.fail_after(60):
+                while b"[DONE]" not in reader.got:
+                    data = await s.receive_some(65536)
+                    if not data:
+                        break
+                    reader.got += data
+                    reader._check()
+            await s.aclose()
+        async with trio.open_nursery() as n:
+            n.start_soon(post)
+            await reader.when(b"text-delta").wait()
+            assert proc.proc is not None
+            proc.proc.send_signal(signal.SIGTERM)
+        events = [json.loads(line) for line in re.findall(rb"^data: (\{.*\})\r?$", reader.got, re.M)]
+        assert events[-1] == {"type": "abort", "reason": "server shutdown"}, events[-3:]
+        assert b"data: [DONE]" in reader.got
+        proc.proc.wait(30)
+        proc.start()
+        sid = events[0]["messageMetadata"]["sessionId"]
+        async with HttpClient(proc.port, TOKEN) as c:
+            reply = [m for m in (await c.request("GET", f"/v1/sessions/{sid}")).json()["messages"]
+                     if m["msg_id"] == events[0]["messageId"]][0]
+        assert reply["status"] == "aborted"
+        assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == reply["content"]
+    finally:
+        proc.stop()

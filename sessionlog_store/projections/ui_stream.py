@@ -28,8 +28,9 @@ TOOL_KINDS = ("tool_call", "agentic_fn")
 class UiReplyFold:
     """Feed a session's log events in order; each returns the chunks they add."""
 
-    def __init__(self, reply_id: str) -> None:
+    def __init__(self, reply_id: str, metadata: dict[str, Any] | None = None) -> None:
         self.reply_id = reply_id
+        self.metadata = metadata  # the `start` chunk's messageMetadata
         self.started = False
         self.ended = False
         self.length = 0               # the reply's characters sent
@@ -44,7 +45,10 @@ class UiReplyFold:
         if isinstance(ev, MessageCreated):
             if ev.msg_id == self.reply_id:
                 self.started = True
-                return [{"type": "start", "messageId": ev.msg_id}, {"type": "start-step"}, *self._text(ev.content)]
+                start: Chunk = {"type": "start", "messageId": ev.msg_id}
+                if self.metadata is not None:
+                    start["messageMetadata"] = self.metadata
+                return [start, {"type": "start-step"}, *self._text(ev.content)]
             if self.started and ev.caller == self.reply_id and ev.kind in TOOL_KINDS:
                 return self._tool(ev)
             return []
@@ -126,9 +130,10 @@ def tool_input(arguments: object) -> object:
 
 def ui_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A loaded branch (load_session's messages) as the AI SDK's UIMessages:
-    the finished conversational ones, each reply with its tool calls as
-    dynamic tool parts before its text. A running reply is left out: the
-    resume route replays it whole."""
+    the conversational ones, each reply with its tool calls as dynamic tool
+    parts before its text. A running reply is there with what it has so
+    far: the resume route's replay (from its `start`, same id) rebuilds it
+    whole, and a reply that ends between the two requests is not lost."""
     tools: dict[str, list[dict[str, Any]]] = {}
     for m in messages:
         if m["kind"] in TOOL_KINDS and m.get("caller"):
@@ -139,14 +144,14 @@ def ui_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                     "input": tool_input(meta.get("arguments"))}
             if m["status"] == "done":
                 part.update(state="output-available", output=m["content"])
+            elif m["status"] in ("running", "pending"):
+                part.update(state="input-available")
             else:
                 part.update(state="output-error", errorText=m.get("error") or m["status"])
             tools.setdefault(m["caller"], []).append(part)
     out = []
     for m in messages:
         if m.get("caller") or m["kind"] in TOOL_KINDS or m["role"] not in ("user", "assistant"):
-            continue
-        if m["status"] in ("running", "pending"):
             continue
         parts = [*tools.get(m["msg_id"], []), *([{"type": "text", "text": m["content"]}] if m["content"] else [])]
         out.append({"id": m["msg_id"], "role": m["role"], "parts": parts})

@@ -3,12 +3,18 @@ its default transport talks to sessionlog's agents with nothing but this
 endpoint's URL.
 
     POST /v1/ai/chat                   {id, messages, trigger, ...}: the last user message is chatted
-                                       into the session named by the chat's `id` (made on the first
-                                       message); the answer is the reply as a UI message stream (SSE)
+                                       into the chat's session (made on the first message); the
+                                       answer is the reply as a UI message stream (SSE)
     GET  /v1/ai/chat/{id}/stream       the running reply, replayed whole and then live (what
                                        `useChat({resume: true})` asks after a reload); 204 when none runs
     GET  /v1/ai/chat/{id}/messages     the chat's finished messages as UIMessages (to start a reloaded
                                        page with, as the AI SDK's persistence guide does)
+
+A chat's session id is made from its user and its chat id
+(`chat_session`): one user's chat id never names another user's session,
+so the door tells nobody which sessions exist (a chat id of theirs is a
+new chat of yours), and any string of up to 200 characters is a chat id.
+The stream's `start` says the session id (`messageMetadata.sessionId`).
 
 The stream is folded from the session's log (projections/ui_stream.py),
 durable records only: what a reader was sent is never taken back by a
@@ -20,15 +26,17 @@ with `abort`.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 from typing import Any, Final
+from urllib.parse import unquote
 
 import msgspec
 import trio
 
-from sessionlog_store.eventstore.ids import is_valid_session_id
 from sessionlog_store.projections.ui_stream import UiReplyFold, ui_messages
-from sessionlog_store.server.domain.errors import BadRequest, NotFound
+from sessionlog_store.server.domain.errors import BadRequest, Conflict, NotFound
 from sessionlog_store.server.edge import protocol as p
 from sessionlog_store.server.edge.http import Exchange, Request
 from sessionlog_store.server.edge.logstream import LogTaps, durable_records, next_durable
@@ -41,6 +49,10 @@ _HISTORY: Final = re.compile(r"^/v1/ai/chat/(?P<chat_id>[^/]+)/messages$")
 # What the AI SDK's UI message stream answers carry (its `x-vercel-ai-ui-message-stream: v1`).
 SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "x-vercel-ai-ui-message-stream": "v1"}
 ALLOW_HEADERS: Final = "Authorization, Content-Type"
+MAX_CHAT_ID: Final = 200
+# After a stop began, how long a stream waits for its reply's last record
+# (the stop's `aborted` "server shutdown" finalize) before it ends without it.
+STOP_WAIT_SECONDS: Final = 2.0
 _ENCODE: Final = msgspec.json.Encoder()
 
 
@@ -67,6 +79,14 @@ def is_ai_path(path: str) -> bool:
     return path == PATH or path.startswith(PATH + "/")
 
 
+def chat_session(user: str, chat_id: str) -> str:
+    """The session of `user`'s chat `chat_id` (a session id: "ai" and 20 base64url characters)."""
+    if not chat_id or len(chat_id) > MAX_CHAT_ID:
+        raise BadRequest("bad_field", f"a chat id is 1 to {MAX_CHAT_ID} characters")
+    digest = hashlib.sha256(f"{user}\0{chat_id}".encode("utf-8", "surrogatepass")).digest()
+    return "ai" + base64.urlsafe_b64encode(digest[:15]).decode()
+
+
 def _last_user_text(body: UiChatRequest) -> str:
     if not body.messages or body.messages[-1].role != "user":
         raise BadRequest("bad_request", "the last message must be the user's (trigger submit-message)")
@@ -91,26 +111,24 @@ class AiChat:
         resume, history = _RESUME.match(req.path), _HISTORY.match(req.path)
         if (resume or history) is None:
             raise NotFound("not_found", f"no such endpoint: {req.method} {req.path}")
-        if req.method not in ("GET", "HEAD") or body:
+        if req.method != "GET" or body:  # (no HEAD: a stream has no length to say)
             raise BadRequest("method_not_allowed", f"{req.method} {req.path}: GET only, without a body")
-        chat_id = (resume or history)["chat_id"]  # type: ignore[index]
+        sid = chat_session(self.ops.principal.user, unquote((resume or history)["chat_id"]))  # type: ignore[index]
         if history is not None:
-            await self.ex.reply(200, _ENCODE.encode(ui_messages(await self._branch(chat_id))), "application/json",
+            await self.ex.reply(200, _ENCODE.encode(ui_messages(await self._branch(sid))), "application/json",
                                 headers={"Cache-Control": "no-store"})
             return
-        running = [m for m in await self._branch(chat_id)
+        running = [m for m in await self._branch(sid)
                    if m["status"] in ("running", "pending") and m["role"] == "assistant" and not m.get("caller")]
         if not running:
             await self.ex.reply(204)  # no active stream: the AI SDK does not resume
             return
-        await self._stream(chat_id, running[-1]["msg_id"])
+        await self._stream(sid, running[-1]["msg_id"])
 
-    async def _branch(self, chat_id: str) -> list[dict[str, Any]]:
-        """The chat's current branch (nothing for a chat not made yet, or another user's)."""
-        if not is_valid_session_id(chat_id):
-            raise BadRequest("invalid_session_id", "a chat id is a short file-name-safe token")
+    async def _branch(self, sid: str) -> list[dict[str, Any]]:
+        """The chat's current branch (nothing for a chat not made yet)."""
         try:
-            _, loaded = await self.ops.run(p.LoadSession(session_id=chat_id))
+            _, loaded = await self.ops.run(p.LoadSession(session_id=sid))
         except NotFound:
             return []
         return list(loaded["messages"])
@@ -119,31 +137,39 @@ class AiChat:
         if body.trigger != "submit-message":
             raise BadRequest("bad_request", f"trigger {body.trigger[:40]!r}: only submit-message (regenerate "
                              "with sessionlog's retry: POST /v1/sessions/{id}/messages/{msg_id}/retry)")
-        if not is_valid_session_id(body.id):
-            raise BadRequest("invalid_session_id", "a chat id is a short file-name-safe token")
+        sid = chat_session(self.ops.principal.user, body.id)
         text = _last_user_text(body)
-        try:
-            self.ops.own(body.id)
-            exists = True
-        except NotFound:
-            exists = False
-        chat = p.Chat(content=text, session_id=body.id if exists else None, source="ai-sdk")
-        _, ack = await self.ops.chat(chat, new_id=None if exists else body.id)
+        for _ in range(2):
+            try:
+                self.ops.own(sid)
+                exists = True
+            except NotFound:
+                exists = False
+            try:
+                _, ack = await self.ops.chat(p.Chat(content=text, session_id=sid if exists else None,
+                                                    source="ai-sdk"), new_id=None if exists else sid)
+                break
+            except Conflict as e:  # the chat's first message, sent twice at once: the other made it
+                if e.code != "session_exists":
+                    raise
+        else:
+            raise Conflict("reply_running", "another first message of this chat is being answered")
         await self._stream(ack["session_id"], ack["reply_id"])
 
     async def _stream(self, sid: str, reply_id: str) -> None:
         """The reply as a UI message stream from its start: the log's durable
         records folded, then each new one as it is durable, to the reply's end."""
-        ex, es, fold = self.ex, self.taps.es, UiReplyFold(reply_id)
+        ex, es, fold = self.ex, self.taps.es, UiReplyFold(reply_id, {"sessionId": sid})
         tap = self.taps.open(sid)  # (before the read: no record falls between)
         try:
             await ex.start_stream(200, "text/event-stream", SSE_HEADERS)
             records: list[Any] | None = await durable_records(es, sid, 0)
             pos = 0
             while True:
-                if records is None:  # fell behind, or the log was rebased: read on from where it was
+                if records is None:  # fell behind, the log was rebased, or a stop: read on from where it was
                     if self.taps.stopping:
-                        break  # (a stop: the page resumes once the server is back)
+                        await self._last_words(sid, pos, fold)
+                        break
                     self.taps.close(sid, tap)
                     tap = self.taps.open(sid)
                     records = await durable_records(es, sid, pos)
@@ -164,3 +190,21 @@ class AiChat:
         finally:
             self.taps.close(sid, tap)
         await ex.end_stream()
+
+    async def _last_words(self, sid: str, pos: int, fold: UiReplyFold) -> None:
+        """A stop began: the reply's finalize (`aborted` "server shutdown") is
+        written after the readers are woken. Wait for it (a while), so that
+        the page learns how its reply ended; then end."""
+        es = self.taps.es
+        with trio.move_on_after(STOP_WAIT_SECONDS):
+            while not fold.ended:
+                chunks: list[Any] = []
+                for rec in await durable_records(es, sid, pos):
+                    pos = rec.seq
+                    chunks += fold.feed(rec.event)
+                if chunks:
+                    await self.ex.send(b"".join(b"data: " + _ENCODE.encode(c) + b"\n\n" for c in chunks))
+                if not fold.ended:
+                    await trio.sleep(0.05)  # (no tap hears a stopping server's records)
+        if fold.ended:
+            await self.ex.send(b"data: [DONE]\n\n")
