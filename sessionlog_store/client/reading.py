@@ -9,7 +9,7 @@ reply. SSE costs a third of long-poll's CPU there, at the same delay.)"""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import json
 
@@ -31,6 +31,10 @@ class Chunk:
     offset: str
     status: str | None = None
     reason: str | None = None
+    # The server lost a tail it had sent (it crashed before that tail was
+    # written: docs/PROTOCOL.md): this chunk starts again from the stream's
+    # start. `text = chunk.text if chunk.restart else text + chunk.text`.
+    restart: bool = False
 
 
 async def read_stream(http: httpx.AsyncClient, path: str, *, offset: str = "-1", live: bool = True,
@@ -41,6 +45,7 @@ async def read_stream(http: httpx.AsyncClient, path: str, *, offset: str = "-1",
     `tries`: how many failed requests in a row before giving up (None:
     never)."""
     delay, failed, at_tail = BACKOFF_FIRST, 0, False
+    delivered = restart = False  # (a refused offset after a delivery is a tail the server lost)
     while True:
         params = {"offset": offset}
         if live and at_tail:
@@ -53,6 +58,9 @@ async def read_stream(http: httpx.AsyncClient, path: str, *, offset: str = "-1",
                         delay, failed = BACKOFF_FIRST, 0
                         async for chunk in _events(r):
                             offset = chunk.offset
+                            if restart:
+                                chunk, restart = replace(chunk, restart=True), False
+                            delivered = delivered or bool(chunk.text)
                             yield chunk
                             if chunk.status is not None:
                                 return
@@ -72,16 +80,22 @@ async def read_stream(http: httpx.AsyncClient, path: str, *, offset: str = "-1",
             delay = min(delay * 2, BACKOFF_MAX)
             continue
         if r.status_code >= 400:
-            raise refused(r)
+            error = refused(r)
+            if error.code == "bad_offset" and delivered:
+                offset, restart, at_tail = "-1", True, False
+                continue
+            raise error
         delay, failed = BACKOFF_FIRST, 0
         offset = r.headers.get("stream-next-offset", offset)
         closed = r.headers.get("stream-closed") == "true"
         text = r.content.decode() if r.status_code == 200 else ""
         if closed:
-            yield Chunk(text, offset, r.headers.get("stream-status") or "done", r.headers.get("stream-error"))
+            yield Chunk(text, offset, r.headers.get("stream-status") or "done", r.headers.get("stream-error"),
+                        restart=restart)
             return
-        if text:
-            yield Chunk(text, offset)
+        if text or restart:
+            yield Chunk(text, offset, restart=restart)
+            delivered, restart = delivered or bool(text), False
         at_tail = r.headers.get("stream-up-to-date") == "true" or r.status_code == 204
         if at_tail and not live:
             return

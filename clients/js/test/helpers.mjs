@@ -38,7 +38,7 @@ export async function cuttingProxy(target) {
 
 /** `sessionlog serve` in a process of its own; `restart()` keeps its data and port. */
 export class Serve {
-  /** `held`: on a disk whose syncs wait while the file `this.hold` exists (test/held_serve.py). */
+  /** `held`: on a disk whose writes wait while the file `this.hold` exists (tests/held_serve.py). */
   constructor({ extra = [], allowedHosts = [], held = false } = {}) {
     this.dir = mkdtempSync(path.join(tmpdir(), "sl-js-"))
     this.held = held
@@ -53,7 +53,7 @@ export class Serve {
   get ws() { return `ws://127.0.0.1:${this.port}/ws` }
 
   async start() {
-    const runner = this.held ? [path.join(path.dirname(fileURLToPath(import.meta.url)), "held_serve.py")]
+    const runner = this.held ? [path.join(ROOT, "tests", "held_serve.py")]
                              : ["-m", "sessionlog_store"]
     const args = [...runner, "serve", "--root", path.join(this.dir, "data"), "--port", String(this.port),
                   "--token", TOKEN, "--agent-speed", "25", ...this.allowedHosts.flatMap((h) => ["--allowed-host", h]),

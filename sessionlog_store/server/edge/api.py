@@ -408,7 +408,7 @@ class Api:
         if origin is not None and origin.lower() in self.server.allowed_origins():
             ex.extra = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         if req.method == "OPTIONS":  # a browser's preflight (the origin's answer is in ex.extra)
-            await ex.reply(204, headers={"Access-Control-Allow-Methods": "GET, POST",
+            await ex.reply(204, headers={"Access-Control-Allow-Methods": "GET, POST", "Vary": "Origin",
                                          "Access-Control-Allow-Headers": ALLOW_HEADERS,
                                          "Access-Control-Max-Age": "600"})
             return

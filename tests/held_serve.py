@@ -1,7 +1,8 @@
 """`sessionlog serve` on a disk whose writes and syncs wait while the file
 named by $SESSIONLOG_HOLD exists (the file-operation seam, fsio.FileOps: a
 stalled disk): text is sent to readers before it is written, so a SIGKILL
-then loses a tail a reader was sent. For the client's take-back tests."""
+then loses a tail a reader was sent. For the clients' take-back tests
+(tests/test_client.py, clients/js/test/)."""
 import os
 import runpy
 import sys
