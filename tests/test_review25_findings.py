@@ -426,7 +426,9 @@ async def test_f9_a_paused_stream_leader_does_not_break_the_store(tmp_path):
     cluster.start()
     paused: list[int] = []
     try:
-        for rnd, pause in enumerate((8, 10, 11, 12, 13, 15)):
+        # Two pauses in the suite; the whole sweep in the long mode (`dev.py torture`)
+        pauses = (8, 10, 11, 12, 13, 15) if os.environ.get("SESSIONLOG_TORTURE_KILLS") else (8, 13)
+        for rnd, pause in enumerate(pauses):
             stream = f"R25F9{rnd}"
             async with worker(cluster, tmp_path, f"a{rnd}", stream, lease_ttl=60.0) as a:
                 meta, _ = await a.create_session(first_message="go")
