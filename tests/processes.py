@@ -52,8 +52,11 @@ class ServeProcess:
     """`sessionlog serve` in a process of its own, started until it serves."""
 
     def __init__(self, root: str, port: int, speed: float = 25.0, extra: tuple[str, ...] = (),
-                 prefix: str = "", token: str = "browser-test-token", log: Path | None = None) -> None:
+                 prefix: str = "", token: str = "browser-test-token", log: Path | None = None,
+                 runner: tuple[str, ...] = ("-m", "sessionlog_store"), env: dict[str, str] | None = None) -> None:
         self.root, self.port, self.speed, self.extra, self.prefix = root, port, speed, extra, prefix
+        # what runs `serve` (a module, or a script: tests/held_serve.py) and what its environment adds
+        self.runner, self.env = runner, env or {}
         self.token = token
         self.log = log  # where its stderr goes (None: a pipe, read if it ends early; keep it quiet)
         self.proc: subprocess.Popen[str] | None = None
@@ -63,9 +66,9 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.port}{self.prefix}/#token={self.token}"
 
     def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sessionlog_store", "serve", "--root", self.root, "--port", str(self.port),
+            [sys.executable, *self.runner, "serve", "--root", self.root, "--port", str(self.port),
              "--token", self.token, "--agent-speed", str(self.speed), *self.extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE if self.log is None else self.log.open("w"), text=True,
             env=env)

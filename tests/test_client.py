@@ -8,8 +8,6 @@ a silent producer within its interval; a producer's process killed, its
 reply ended `aborted` "producer lost" with its text."""
 from __future__ import annotations
 
-import os
-import re
 import signal
 import socket
 import subprocess
@@ -255,39 +253,14 @@ async def _status(sl: Client, sid: str, mid: str, status: str) -> bool:
     return any(m.msg_id == mid and m.status == status for m in (await sl.get_session(sid)).messages)
 
 
-class HeldServe:
-    """`serve` on a disk whose writes wait while `hold` exists (tests/held_serve.py)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.hold, self.port = root, root / "hold", 0
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", SESSIONLOG_HOLD=str(self.hold))
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "held_serve.py"), "serve", "--root",
-                                      str(self.root / "data"), "--port", str(self.port), "--token", TOKEN,
-                                      "--agent-speed", "25"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=env)
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            m = re.search(r"serving http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                return
-        raise AssertionError("held serve did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_tail_lost_in_a_crash_is_taken_back_and_the_text_ends_as_stored(tmp_path: Path, backend: str) -> None:
     """The server sends text before it is written; a crash then loses a tail
     a reader has: the reader's resume is refused bad_offset, and it reads
     again from the start with `restart` (not an error, not a gap)."""
-    held = HeldServe(tmp_path)
+    hold = tmp_path / "hold"
+    held = ServeProcess(str(tmp_path / "data"), free_port(), token=TOKEN,
+                        runner=(str(ROOT / "tests" / "held_serve.py"),), env={"SESSIONLOG_HOLD": str(hold)})
     held.start()
 
     async def scenario() -> None:
@@ -299,11 +272,11 @@ def test_a_tail_lost_in_a_crash_is_taken_back_and_the_text_ends_as_stored(tmp_pa
                 text = chunk.text if chunk.restart else text + chunk.text
                 last = chunk
                 if sent_at_stall is None and len(text) > 20:
-                    held.hold.touch()  # the disk stalls: what is sent from now on is not written
+                    hold.touch()  # the disk stalls: what is sent from now on is not written
                     sent_at_stall = len(text)
-                elif sent_at_stall is not None and held.hold.exists() and len(text) > sent_at_stall + 10:
+                elif sent_at_stall is not None and hold.exists() and len(text) > sent_at_stall + 10:
                     held.kill()  # a crash with a tail sent and not written
-                    held.hold.unlink()
+                    hold.unlink()
                     held.start()
             assert restarts == 1 and last is not None and last.status == "aborted"
             m = next(m for m in (await sl.get_session(ack.session_id)).messages if m.msg_id == ack.reply_id)
@@ -311,6 +284,4 @@ def test_a_tail_lost_in_a_crash_is_taken_back_and_the_text_ends_as_stored(tmp_pa
     try:
         run(backend, scenario)
     finally:
-        if held.proc is not None and held.proc.poll() is None:
-            held.proc.send_signal(signal.SIGTERM)
-            held.proc.wait(30)
+        held.stop()
