@@ -59,7 +59,11 @@ def run_streamer(root: str, n: int, sig: int, after_chars: int) -> dict[int, tup
         elif parts[0] == "w":
             written[int(parts[1])] += parts[2]
     os.kill(p.pid, sig)
-    out, err = p.communicate(timeout=30)
+    # (the rest through the same buffered file: communicate() reads the pipe
+    # itself and misses lines readline() had buffered already: seen on a busy machine)
+    out = p.stdout.read()
+    err = p.stderr.read() if p.stderr else ""
+    p.wait(30)
     for line in out.splitlines():
         parts = line.split()
         if parts and parts[0] == "w":

@@ -239,6 +239,13 @@ class SharedStreamSpace(StreamSpace):
                 continue  # (on_reset folded what came first: looked at again)
             except UnknownSession:
                 continue  # (removed meanwhile: on_reset forgot it)
+            if self.logs.get(fork.log_id) is not fork:
+                # Another worker's drop came first and was folded while the
+                # link was written (its fence then included the drop): the
+                # link landed after it, and every worker forgets the fork.
+                # (Seen beside two CPU hogs: the creation was answered, the fork gone.)
+                raise Refused(503, "busy", "the fork was dropped by another server (its link came too late): "
+                              "try again")
             self._pending.pop(fork.log_id, None)
             self._shared_access[source.log_id] = time.time()
             return
