@@ -192,8 +192,11 @@ class SharedStreamSpace(StreamSpace):
         if fork is None or fork.created_at != ev.created_at:
             self._early[ev.fork] = (ev.created_at, ev.dropped, time.time())  # (its creation not here yet)
             return
-        if self._pending.pop(ev.fork, None) is None:
+        self._pending.pop(ev.fork, None)
+        if self.streams.get((fork.owner, fork.name)) is fork:
             return  # (served already)
+        # (a fork of this worker's own, its link not written yet, is not
+        # pending until its link starts: a drop before then counts too)
         if ev.dropped:
             self._forget(fork, doom=False)
             self._doom(fork.log_id, fork.created_at)  # (by every worker: its dropper may die first)
@@ -216,13 +219,15 @@ class SharedStreamSpace(StreamSpace):
         the creation Refused. Another worker that deletes the source after
         the link finds the fork (it catches up first) and keeps the source."""
         self._pending[fork.log_id] = time.time()
+        early = self._early.pop(fork.log_id, None)
+        if early is not None and early[0] == fork.created_at:  # (its drop folded before its log was here)
+            self._on_link(StreamForkLinked(fork=fork.log_id, created_at=fork.created_at, dropped=early[1]))
         link = StreamForkLinked(fork=fork.log_id, created_at=fork.created_at)
         refused = Refused(503, "busy", f"stream {source.name!r}: other servers' appends came first: try again")
+        dropped = Refused(503, "busy", "the fork was dropped by another server (its link came too late): try again")
         for _ in range(MAX_CONFLICTS):
             if self.logs.get(fork.log_id) is not fork:
-                refused = Refused(503, "busy", "the fork was dropped by another server (its link came too late): "
-                                  "try again")
-                break
+                raise dropped  # (its log is doomed by every worker that folds the drop)
             if self.logs.get(source.log_id) is not source:
                 refused = Refused(404, "unknown_stream", f"no source stream {source.name!r} (deleted meanwhile)")
                 break
@@ -243,9 +248,7 @@ class SharedStreamSpace(StreamSpace):
                 # Another worker's drop came first and was folded while the
                 # link was written (its fence then included the drop): the
                 # link landed after it, and every worker forgets the fork.
-                # (Seen beside two CPU hogs: the creation was answered, the fork gone.)
-                raise Refused(503, "busy", "the fork was dropped by another server (its link came too late): "
-                              "try again")
+                raise dropped
             self._pending.pop(fork.log_id, None)
             self._shared_access[source.log_id] = time.time()
             return
