@@ -104,7 +104,11 @@ def test_producers_on_a_shared_stream_stop_lose_and_fence(workers):
     m = message(two.port, sid, rid)
     assert (m["content"], m["metadata"]["aborted_reason"]) == ("hello world", "stopped by user")
     # a producer that goes silent past --producer-timeout loses its reply, once
-    status, quiet = jcall(one.port, "POST", f"/v1/sessions/{sid}/replies", {})
+    # (opened once the stopped reply's turn is given back: its lease goes a moment after its finalize)
+    opened: list = []
+    until(lambda: opened.append(jcall(one.port, "POST", f"/v1/sessions/{sid}/replies", {})) or
+          opened[-1][0] != 409 or opened[-1][1]["error"]["code"] != "reply_running")
+    status, quiet = opened[-1]
     assert status == 201, quiet
     assert text(one.port, quiet["stream"], "partial")[0] == 204
     until(lambda: message(two.port, sid, quiet["reply_id"])["status"] == "aborted", within=40)
