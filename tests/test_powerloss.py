@@ -30,7 +30,7 @@ CONFIG = StoreConfig(checkpoint_interval=3600, snapshot_interval=3600, progress_
 # the journal's round (sync the logs, remove segments) after every batch
 ROUNDS = StoreConfig(checkpoint_interval=3600, snapshot_interval=3600, progress_interval=3600,
                      journal_sync_interval=0)
-IMAGES_PER_RUN = int(os.environ.get("SESSIONLOG_POWERLOSS_IMAGES", "2000"))
+IMAGES_PER_RUN = int(os.environ.get("SESSIONLOG_POWERLOSS_IMAGES", "1200"))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """kill -9 torture under load through the real `sessionlog serve`: clients keep
 what was acknowledged; after every kill (some of them during recovery) the
 next start must hold all of it, with no duplicate, and abort each message it
-finds running exactly once. SESSIONLOG_TORTURE_KILLS sets the count (50 in
+finds running exactly once. SESSIONLOG_TORTURE_KILLS sets the count (30 in
 the normal run; the long mode is 200+)."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from sessionlog_store.server.edge.client import ServerError, open_client
 
 from .conftest import ROOT, read_logs
 
-KILLS = int(os.environ.get("SESSIONLOG_TORTURE_KILLS", "50"))
+KILLS = int(os.environ.get("SESSIONLOG_TORTURE_KILLS", "30"))
 TOKEN = "torture"
 
 
