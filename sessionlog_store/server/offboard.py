@@ -382,7 +382,7 @@ def _export(root: str, user: str, path: str | None) -> int:
             with open(part, "xb") as f:
                 h = _run_trio(_export_to, root, user, f)
                 f.flush()
-                os.fsync(f.fileno())
+                OS_FILES.fsync(f.fileno())  # (after trio.run: no loop to hold up)
             os.replace(part, path)
             OS_FILES.fsync_dir(os.path.dirname(os.path.abspath(path)))  # its name, durable
         finally:

@@ -4,7 +4,7 @@
 import { ApiError, refused } from "./errors.js"
 import { Reply, type ReplyOptions } from "./producer.js"
 import { readText, type Chunk, type ReadOptions, type Transport } from "./reading.js"
-import type { Change, ChatAck, Message, ReplyOpened, SessionChanges, SessionList, SessionLoaded, SessionRow } from "./types.js"
+import type { Change, ChatAck, ReplyOpened, SessionChanges, SessionList, SessionLoaded, SessionRow } from "./types.js"
 
 export interface ClientOptions {
   /** The server's address, e.g. `http://127.0.0.1:8765` (with its path prefix if it has one). */
@@ -171,5 +171,3 @@ function pause(ms: number, signal?: AbortSignal): Promise<void> {
     signal?.addEventListener("abort", done, { once: true })
   })
 }
-
-export type { Message }

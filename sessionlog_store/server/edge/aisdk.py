@@ -173,12 +173,7 @@ class AiChat:
                     self.taps.close(sid, tap)
                     tap = self.taps.open(sid)
                     records = await durable_records(es, sid, pos)
-                chunks = []
-                for rec in records:
-                    pos = rec.seq
-                    chunks += fold.feed(rec.event)
-                if chunks:
-                    await ex.send(b"".join(b"data: " + _ENCODE.encode(c) + b"\n\n" for c in chunks))
+                pos = await self._send(records, fold, pos)
                 if fold.ended:
                     await ex.send(b"data: [DONE]\n\n")
                     break
@@ -191,20 +186,30 @@ class AiChat:
             self.taps.close(sid, tap)
         await ex.end_stream()
 
+    async def _send(self, records: list[Any], fold: UiReplyFold, pos: int) -> int:
+        """Fold `records` and send the chunks they make; the last seq folded."""
+        chunks: list[Any] = []
+        for rec in records:
+            pos = rec.seq
+            chunks += fold.feed(rec.event)
+        if chunks:
+            await self.ex.send(b"".join(b"data: " + _ENCODE.encode(c) + b"\n\n" for c in chunks))
+        return pos
+
     async def _last_words(self, sid: str, pos: int, fold: UiReplyFold) -> None:
         """A stop began: the reply's finalize (`aborted` "server shutdown") is
         written after the readers are woken. Wait for it (a while), so that
         the page learns how its reply ended; then end."""
         es = self.taps.es
-        with trio.move_on_after(STOP_WAIT_SECONDS):
-            while not fold.ended:
-                chunks: list[Any] = []
-                for rec in await durable_records(es, sid, pos):
-                    pos = rec.seq
-                    chunks += fold.feed(rec.event)
-                if chunks:
-                    await self.ex.send(b"".join(b"data: " + _ENCODE.encode(c) + b"\n\n" for c in chunks))
-                if not fold.ended:
-                    await trio.sleep(0.05)  # (no tap hears a stopping server's records)
-        if fold.ended:
-            await self.ex.send(b"data: [DONE]\n\n")
+        tap = self.taps.open(sid, stopping_too=True)  # (before the read: no record falls between)
+        try:
+            with trio.move_on_after(STOP_WAIT_SECONDS):
+                records: list[Any] | None = await durable_records(es, sid, pos)
+                while records is not None:
+                    pos = await self._send(records, fold, pos)
+                    if fold.ended:
+                        await self.ex.send(b"data: [DONE]\n\n")
+                        return
+                    records = await next_durable(es, sid, pos, tap)
+        finally:
+            self.taps.close(sid, tap)

@@ -85,9 +85,11 @@ class LogTaps:
                 tap.void = True
                 tap.changed.set()
 
-    def open(self, sid: str) -> Tap:
+    def open(self, sid: str, *, stopping_too: bool = False) -> Tap:
+        """A tap of `sid`'s records; during a stop void at once, unless
+        `stopping_too` (a reader waiting for the stop's own last records)."""
         tap = Tap()
-        tap.void = self.stopping
+        tap.void = self.stopping and not stopping_too
         self.taps.setdefault(sid, set()).add(tap)
         return tap
 
