@@ -17,6 +17,7 @@ import trio.testing
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress,
                                                 SessionDeleted)
 from sessionlog_store.projections.ui_stream import UiReplyFold, ui_messages
+from sessionlog_store.server.agents.demo import DemoAgent
 from sessionlog_store.server.edge.aisdk import chat_session
 from sessionlog_store.server.edge.auth import AuthConfig
 
@@ -70,6 +71,11 @@ async def test_a_chat_is_one_ui_message_stream_and_its_messages_come_back(root, 
         calls = [c for c in got if isinstance(c, dict) and c["type"].startswith("tool-")]
         assert [c["type"] for c in calls][:2] == ["tool-input-available", "tool-output-available"]
         assert calls[0]["toolName"] == "search" and calls[0]["dynamic"] is True
+        # the call stands where it was made: after exactly the text the agent wrote before it
+        tokens, _, _ = DemoAgent().plan("search for durable logs")
+        first_call = got.index(calls[0])
+        before = "".join(c["delta"] for c in got[:first_call] if isinstance(c, dict) and c["type"] == "text-delta")
+        assert before == "".join(tokens[:max(1, len(tokens) // 3) + 1])
         loaded = (await c.request("GET", f"/v1/sessions/{sid}")).json()
         stored = {m["msg_id"]: m for m in loaded["messages"]}
         assert loaded["session"]["source"] == "ai-sdk"
