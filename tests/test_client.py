@@ -77,16 +77,19 @@ def test_sessions_and_messages(server: ServeProcess, backend: str) -> None:
 
 
 @contextmanager
-def cutting_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
+def cutting_proxy(port: int, answers: threading.Event | None = None) -> Iterator[tuple[int, Callable[[], int]]]:
     """A TCP proxy to `port`; `cut()` drops every connection through it (a
-    network cut), returning how many."""
+    network cut), returning how many. While `answers` (when given) is
+    clear, the server's bytes are held (requests reach it, answers wait)."""
     listener = socket.create_server(("127.0.0.1", 0))
     conns: list[socket.socket] = []
     lock = threading.Lock()
 
-    def pipe(a: socket.socket, b: socket.socket) -> None:
+    def pipe(a: socket.socket, b: socket.socket, gate: threading.Event | None = None) -> None:
         try:
             while data := a.recv(65536):
+                if gate is not None:
+                    gate.wait()
                 b.sendall(data)
         except OSError:
             pass
@@ -107,7 +110,7 @@ def cutting_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
             with lock:
                 conns.extend((c, s))
             threading.Thread(target=pipe, args=(c, s), daemon=True).start()
-            threading.Thread(target=pipe, args=(s, c), daemon=True).start()
+            threading.Thread(target=pipe, args=(s, c, answers), daemon=True).start()
 
     def cut() -> int:
         with lock:
@@ -203,6 +206,38 @@ def test_a_producers_exception_ends_the_reply_error_and_a_stop_reaches_a_silent_
             assert (m.status, m.content, m.metadata.get("aborted_reason")) == ("aborted", "thinking",
                                                                              "stopped by user")
     run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_append_in_flight_when_the_reply_exits_is_not_taken_for_its_close(server: ServeProcess,
+                                                                            backend: str) -> None:
+    """The reply's body ends while an interval's append is on the wire (the
+    server took it, its answer not yet read): the exit waits for that
+    answer, so its close is the next seq and ends the reply `done` (cut by
+    the exit, the close went with the cut append's seq, was answered as its
+    duplicate, and the reply, left running, ended "producer lost")."""
+    async def scenario() -> None:
+        answers = threading.Event()
+        answers.set()
+        async with Client(f"http://127.0.0.1:{server.port}", TOKEN) as sl:
+            sid = (await sl.create_session()).id
+            await sl.add_message(sid, "go")
+            with cutting_proxy(server.port, answers) as (port, _):
+                async with Client(f"http://127.0.0.1:{port}", TOKEN,
+                                  headers={"Host": f"127.0.0.1:{server.port}"}) as producer:
+                    async with producer.reply(sid, interval=0.05) as r:
+                        answers.clear()
+                        r.write("all of it")
+                        await until(lambda: _content(sl, sid, r.reply_id, "all of it"))  # (taken; answer held)
+                        answers.set()  # (no checkpoint before the exit: its answer not read yet)
+            await until(lambda: _ended(sl, sid, r.reply_id))
+            m = next(m for m in (await sl.get_session(sid)).messages if m.msg_id == r.reply_id)
+            assert (m.status, m.content) == ("done", "all of it"), (m.status, m.metadata)
+    run(backend, scenario)
+
+
+async def _ended(sl: Client, sid: str, mid: str) -> bool:
+    return any(m.msg_id == mid and m.status != "running" for m in (await sl.get_session(sid)).messages)
 
 
 async def _content(sl: Client, sid: str, mid: str, text: str) -> bool:

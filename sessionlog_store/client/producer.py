@@ -101,14 +101,25 @@ class Reply:
     async def _flusher(self) -> None:
         while not self.stopped.is_set():
             await anyio.sleep(self.interval)
-            await self._flush()
+            # Shielded: an append cut by the exit's cancel, taken by the
+            # server but its answer not read, would leave its seq counted
+            # there and not here, and the exit's close (that seq again) would
+            # be answered as its duplicate: the reply left running.
+            with anyio.CancelScope(shield=True):
+                await self._flush()
 
     async def _flush(self) -> None:
         if self._tokens is not None:
             tokens, self._tokens = self._tokens, None
-            await self.http.patch(f"{self.api}/sessions/{self.session_id}/replies/{self.reply_id}",
-                                  content=msgspec.json.encode(t.ReplyProgress(tokens=tokens)),
-                                  headers={"Content-Type": "application/json"})
+            try:
+                r = await self.http.patch(f"{self.api}/sessions/{self.session_id}/replies/{self.reply_id}",
+                                          content=msgspec.json.encode(t.ReplyProgress(tokens=tokens)),
+                                          headers={"Content-Type": "application/json"})
+            except httpx.TransportError:
+                r = None
+            if r is None or r.status_code >= 500 or r.status_code == 429:  # (a 409: its end learnt by the watch)
+                if self._tokens is None:  # (sent again with the next interval)
+                    self._tokens = tokens
         if self._buffer:
             text, self._buffer = "".join(self._buffer), []
             await self._append(text)
