@@ -33,8 +33,11 @@ import trio
 from sessionlog_store.eventstore.events import MessageProgress
 from sessionlog_store.eventstore.record import encode_record
 from sessionlog_store.server.gc_policy import tune_gc
-from sessionlog_store.server.config import StoreConfig
-from sessionlog_store.server.stores import open_session_store
+try:
+    from sessionlog_store.server.config import StoreConfig
+    from sessionlog_store.server.stores import open_session_store
+except ImportError:  # (an older tree, run by `--ab`: bench/ab.py)
+    from sessionlog_store.server.domain.store import StoreConfig, open_session_store  # type: ignore[no-redef]
 
 from .report import cpu_seconds, median, pct, peak_rss_mb, save, table, verdict
 
@@ -220,7 +223,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated sync_mode[/slots] to run, e.g. journal,journal/1,auto/1")
     ap.add_argument("--profile", action="store_true",
                     help="profile the runs with pyinstrument (pip install pyinstrument) and print where the time goes")
+    ap.add_argument("--ab", metavar="REV", default=None,
+                    help="a same-run A/B of CPU per record against a worktree of REV (bench/ab.py)")
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # (one run; its row as JSON)
     a = ap.parse_args(argv)
+    if a.one is not None:
+        return one(a.one, a.seconds or 8.0, a.modes.split(",")[0])
+    if a.ab is not None:
+        return ab_main(a)
     counts = [int(x) for x in (a.streams or ("1000,5000" if a.quick else "1000,5000,10000")).split(",")]
     seconds = a.seconds or (5.0 if a.quick else 10.0)
     runs = a.runs or (1 if a.quick else 3)
@@ -277,4 +287,29 @@ def main(argv: list[str] | None = None) -> int:
     print(verdict("x SQLite WAL", ours / max(1e-9, sq * INTERVAL), 1.0))
     print("saved", save("throttle", {"rows": rows, "baselines": base, "runs": runs, "seconds": seconds,
                                      "mode": mode}))
+    return 0
+
+
+def one(n: int, seconds: float, spec: str) -> int:
+    """One run in this process (bench/ab.py's sides): its row as the last line."""
+    import sessionlog_store
+    sync_mode, _, slots = spec.partition("/")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
+        row = trio.run(run_streams, os.path.join(d, "s"), n, seconds, False, sync_mode,
+                       int(slots) if slots else None)
+    print(json.dumps({**row, "store": os.path.dirname(sessionlog_store.__file__)}), flush=True)
+    return 0
+
+
+def ab_main(a: argparse.Namespace) -> int:
+    from .ab import compare
+    counts = [int(x) for x in (a.streams or "10000").split(",")]
+    runs, seconds = a.runs or 3, a.seconds or 8.0
+    rows, ratio = compare(a.ab, counts, runs, seconds, a.modes.split(",")[0])
+    print(table(f"throttle path, {a.ab} vs this checkout, same run: median of {runs} alternated run(s) of "
+                f"{seconds}s each, a process per run", rows))
+    print(verdict(f"CPU per progress record, this / {a.ab} at {counts[-1]} streams", ratio, 0.5,
+                  higher_is_better=False))
+    print("saved", save("throttle_ab", {"rev": a.ab, "rows": rows, "ratio": ratio, "runs": runs,
+                                        "seconds": seconds}))
     return 0
