@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from .errors import CorruptRecord, TornTail
+from .errors import CorruptRecord, StoreBroken, StoreClosed, TornTail
 from .events import Event
 from .record import Record
 
@@ -56,6 +56,8 @@ class CommitStatistics(NamedTuple):
 
 
 RecordListener = Callable[[str, Record, int], None]  # (session id, record, its end in the session's log)
+# An item of append_progress refused: (its index, its records appended, the error).
+Failed = tuple[int, int, BaseException]
 
 
 class EventLog(Protocol):
@@ -85,6 +87,9 @@ class EventLog(Protocol):
     async def create(self, session_id: str, events: Sequence[Event]) -> list[Appended]: ...
     async def append_many(self, session_id: str, events: Sequence[Event]) -> list[Appended]: ...
     def append_nowait(self, session_id: str, event: Event) -> Appended: ...
+    # append_nowait for many sessions' records at once (the saver's tick):
+    # an item refused stops there and is returned, the others go on.
+    def append_progress(self, items: Sequence[tuple[str, Sequence[Event]]]) -> list[Failed]: ...
     async def wait_durable(self, session_id: str, seq: int) -> int: ...
     async def flush(self) -> None: ...
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]: ...
@@ -108,3 +113,19 @@ class ProjectLog(Protocol):
 
     async def catch_up(self) -> list[Record]: ...
     async def append(self, event: Event) -> Record: ...
+
+
+def append_each(log: EventLog, items: Sequence[tuple[str, Sequence[Event]]]) -> list[Failed]:
+    """append_progress as one append_nowait per record (a backend without a
+    batch path of its own): StoreBroken and StoreClosed raise."""
+    failed: list[Failed] = []
+    for i, (session_id, events) in enumerate(items):
+        for k, ev in enumerate(events):
+            try:
+                log.append_nowait(session_id, ev)
+            except (StoreBroken, StoreClosed):
+                raise
+            except Exception as e:
+                failed.append((i, k, e))
+                break
+    return failed

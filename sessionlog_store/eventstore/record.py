@@ -43,8 +43,15 @@ class RecordError(ValueError):
 
 def encode_record(seq: int, ts: float, event: Event) -> bytes:
     """Encode one record as a complete line, newline included."""
+    return encode_line(seq, b"%r" % ts, event)  # %r of a float: its repr
+
+
+def encode_line(seq: int, ts_repr: bytes, event: Event) -> bytes:
+    """encode_record with the timestamp's repr made once (a batch of records
+    at one clock reading: the repr of a float costs more than the event's
+    encoding)."""
     body = EVENT_ENCODER.encode(event)
-    rest = b'"seq":%d,"ts":%r,%s' % (seq, ts, body[1:])  # %r of a float: its repr
+    rest = b'"seq":%d,"ts":%s,%s' % (seq, ts_repr, body[1:])
     line = b'{"crc":"%08x",%s\n' % (zlib.crc32(rest), rest)
     if len(line) > MAX_RECORD_BYTES:
         raise RecordTooLarge(f"record of {len(line)} bytes is over the {MAX_RECORD_BYTES}-byte limit")

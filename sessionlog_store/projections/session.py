@@ -129,6 +129,20 @@ class MessageSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 ROOT_KEY = ""  # the parent key of the first message(s): they have no parent
 
 
+class _Growth:
+    """A running message's progress since its snapshot: deltas at its end,
+    its newest tree and token counts, and the last record's ts and seq."""
+    __slots__ = ("pieces", "length", "tree", "tokens", "ts", "seq")
+
+    def __init__(self, length: int) -> None:
+        self.pieces: list[str] = []
+        self.length = length
+        self.tree: Any = None
+        self.tokens: dict[str, int] | None = None
+        self.ts = 0.0
+        self.seq = 0
+
+
 class SessionState:
     """Meta plus the message DAG of one session, as of `seq`.
 
@@ -138,16 +152,51 @@ class SessionState:
     the child on the branch last shown through it, so switching to a sibling
     restores exactly the view that branch had (`leaf_of`)."""
 
-    __slots__ = ("meta", "messages", "head", "seq", "end", "children", "active")
+    __slots__ = ("meta", "_messages", "_growing", "head", "seq", "end", "children", "active")
 
     def __init__(self) -> None:
         self.meta: SessionMeta | None = None
-        self.messages: dict[str, MessageSnapshot] = {}
+        self._messages: dict[str, MessageSnapshot] = {}
+        # Running messages' progress not yet in their snapshots: a progress
+        # record at a message's end is a length update (its delta kept here);
+        # `messages` settles them first (issue 29: no copy of a growing
+        # reply's whole text per record).
+        self._growing: dict[str, _Growth] = {}
         self.head: str | None = None
         self.seq = 0
         self.end = 0  # byte offset just past record `seq` in the log
         self.children: dict[str, list[str]] = {}
         self.active: dict[str, str] = {}
+
+    @property
+    def messages(self) -> dict[str, MessageSnapshot]:
+        """Every message's snapshot, as of the last record folded."""
+        if self._growing:
+            self._settle()
+        return self._messages
+
+    @messages.setter
+    def messages(self, value: dict[str, MessageSnapshot]) -> None:
+        self._growing.clear()
+        self._messages = value
+
+    def _settle(self) -> None:
+        msgs, replace = self._messages, msgspec.structs.replace
+        for msg_id, g in self._growing.items():
+            m = msgs.get(msg_id)
+            if m is None or not g.seq:  # (nothing folded since its snapshot)
+                continue
+            md = m.metadata
+            if g.tree is not None or g.tokens is not None:
+                md = dict(md)
+                if g.tree is not None:
+                    md["context_tree"] = g.tree
+                if g.tokens is not None:
+                    md["partial_tokens_used"] = g.tokens
+            content = m.content + "".join(g.pieces) if g.pieces else m.content
+            msgs[msg_id] = replace(m, content=content, metadata=md, last_update_at=g.ts,
+                                   seq=g.seq)
+        self._growing.clear()
 
     def _point_to(self, msg_id: str) -> None:
         """Make the path from the root to msg_id the active one. Invariant: the
@@ -181,10 +230,21 @@ class SessionState:
         """Fold one record (in seq order)."""
         self.seq = record.seq
         self.end = end
-        msgs = self.messages
         replace = msgspec.structs.replace
         p = record.event
         if type(p) is MessageProgress:  # the hot path (no meta change: see apply_meta)
+            g = self._growing.get(p.msg_id)
+            if g is not None and p.offset == g.length:  # at the running message's end: a length update
+                if p.content_delta:
+                    g.pieces.append(p.content_delta)
+                    g.length += len(p.content_delta)
+                if p.context_tree is not None:
+                    g.tree = p.context_tree
+                if p.partial_tokens_used is not None:
+                    g.tokens = p.partial_tokens_used
+                g.ts, g.seq = record.ts, record.seq
+                return
+            msgs = self.messages  # (settled)
             m = msgs.get(p.msg_id)
             if m is None or m.status not in OPEN_STATUSES:
                 return
@@ -201,7 +261,9 @@ class SessionState:
                     md["partial_tokens_used"] = p.partial_tokens_used
             msgs[p.msg_id] = replace(m, content=content, status="running", metadata=md,
                                      last_update_at=record.ts, seq=record.seq)
+            self._growing[p.msg_id] = _Growth(len(content))
             return
+        msgs = self.messages
         self.meta = apply_meta(self.meta, record)
         match record.event:
             case MessageCreated() as c:

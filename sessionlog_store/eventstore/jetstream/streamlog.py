@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..backend import Appended, CommitStatistics, EventLog, RecordListener
+from ..backend import Appended, CommitStatistics, EventLog, Failed, RecordListener, append_each
 from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SeqConflict, SessionExists, StoreBroken,
                      StoreClosed, UnknownSession)
 from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted, SessionFlags
@@ -249,6 +249,9 @@ class JetStreamLog:
     def append_nowait(self, session_id: str, event: Event) -> Appended:
         self.check_open()
         return self._add(session_id, self._session(session_id), [event])[0]
+
+    def append_progress(self, items: Sequence[tuple[str, Sequence[Event]]]) -> list[Failed]:
+        return append_each(self, items)
 
     async def wait_durable(self, session_id: str, seq: int) -> int:
         """Wait until the session's record `seq` is on the stream; returns its

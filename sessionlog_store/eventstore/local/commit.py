@@ -53,11 +53,11 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import trio
 
-from ..backend import Appended, CommitStatistics, EventLog
+from ..backend import Appended, CommitStatistics, EventLog, Failed
 from ..errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
                      UnknownSession)
 from ..events import Event, SessionDeleted
-from ..record import Record, encode_record, scan
+from ..record import Record, encode_line, encode_record, scan
 from .batch import Batch, LogState, Timing
 from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps
 from .journal import Entry, JournalRecovery, birth, born_of, encode_frame, log_born
@@ -372,6 +372,51 @@ class EventStore:
         self._wake.set()
         return Appended(rec, end)
 
+    def append_progress(self, items: Sequence[tuple[str, Sequence[Event]]]) -> list[Failed]:
+        """`append_nowait` for many messages at once (the saver's tick): each
+        item a session id and its records in order, all at one clock reading.
+        An item whose record is refused stops there (its later records are
+        not appended) and is returned as (its index, records of it appended,
+        the error); the others go on. StoreBroken/StoreClosed raise."""
+        if self._broken is not None or self._closed or self._closing:
+            self._check_open()
+        ts = time.time()
+        ts_repr = b"%r" % ts
+        failed: list[Failed] = []
+        sessions, listeners, told = self._sessions, self.listeners, self.append_listeners
+        for i, (session_id, events) in enumerate(items):
+            sess = sessions.get(session_id)
+            if sess is None or sess.deleted or sess.corrupt is not None:
+                failed.append((i, 0, UnknownSession(session_id) if sess is None or sess.deleted else SessionReadOnly(
+                    f"{sess.corrupt}; the session is read-only until `sessionlog repair` is run on it")))
+                continue
+            k = 0
+            try:
+                new: list[bytes] = []
+                for ev in events:
+                    new.append(encode_line(sess.last_seq + len(new) + 1, ts_repr, ev))
+                    k += 1
+            except Exception as e:  # (a lone surrogate, a record too large): the ones before it go on
+                failed.append((i, k, e))
+                new = new[:k]
+            if not new:
+                continue
+            start = end = sess.end
+            seq = sess.last_seq
+            sess.last_seq += len(new)
+            sess.end += sum(map(len, new))
+            self._add_lines(session_id, sess, new, start, False)
+            for ev, line in zip(events, new):
+                seq += 1
+                end += len(line)
+                rec = Record(seq, ts, ev)
+                for listener in listeners:
+                    listener(session_id, rec, end)
+            for done in told:
+                done(session_id)
+        self._wake.set()
+        return failed
+
     async def _wait(self, batch: Batch) -> None:
         batch.waiters += 1
         try:
@@ -419,6 +464,7 @@ class EventStore:
                     self._check_open()
             elif self.writer.written_no >= target:
                 return
+            self.writer.hurry()
             await self.writer.written.wait()
 
     # -- the committer ----------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Final
 
 import trio
 
@@ -32,11 +33,18 @@ from .batch import Batch, LogState, Timing
 from .logfiles import LogFiles
 
 
+# How long durable batches wait to be written together (seconds), and how
+# many records of them make the writer go at once.
+LINGER: Final = 0.5
+LINGER_RECORDS: Final = 100_000
+
+
 class LogWriter:
     """The log writer's task and the written position (see the module's header)."""
 
     def __init__(self, files: LogFiles, fd_lock: trio.Lock, sessions: dict[str, LogState], timing: Timing,
-                 on_written: Callable[[set[int]], None], fail: Callable[[BaseException], None]) -> None:
+                 on_written: Callable[[set[int]], None], fail: Callable[[BaseException], None],
+                 linger: float = LINGER) -> None:
         self.files, self.fd_lock, self.sessions, self.timing = files, fd_lock, sessions, timing
         self.on_written, self.fail = on_written, fail
         self.queued: list[Batch] = []  # durable batches whose lines wait to be written
@@ -46,14 +54,30 @@ class LogWriter:
         self.bytes_written = 0         # bytes of records in the logs (metrics)
         self.commit_done = False       # the committer ended: write what is queued, then end
         self.done = False              # ended (all written, or its write failed)
+        # Queued batches wait up to `linger` seconds for more (issue 29: a
+        # running reply's record each 250 ms is one write syscall per
+        # record without it; gathered, one write per log carries several),
+        # unless a reader needs them in the files (`hurry`) or too many
+        # records wait.
+        self.linger = linger
+        self.hurried = trio.Event()
+        self.queued_records = 0
 
     def queue(self, batch: Batch) -> None:
         self.queued.append(batch)
+        self.queued_records += batch.records
+        if self.queued_records >= LINGER_RECORDS:
+            self.hurry()
+        self.wake.set()
+
+    def hurry(self) -> None:
+        """Write what is queued now (a reader waits for it in the files)."""
+        self.hurried.set()
         self.wake.set()
 
     def committer_ended(self) -> None:
         self.commit_done = True
-        self.wake.set()
+        self.hurry()
 
     def tell_waiters(self) -> None:
         """Wake whoever waits on `written` (the store broke: they look again)."""
@@ -91,7 +115,11 @@ class LogWriter:
                     await self.wake.wait()
                     self.wake = trio.Event()
                     continue
-                batches, self.queued = self.queued, []
+                if not self.hurried.is_set() and self.linger > 0:
+                    with trio.move_on_after(self.linger):
+                        await self.hurried.wait()
+                self.hurried = trio.Event()
+                batches, self.queued, self.queued_records = self.queued, [], 0
                 try:
                     async with self.fd_lock:
                         devs = await trio.to_thread.run_sync(self._write_sync, batches)

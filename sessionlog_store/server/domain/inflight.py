@@ -218,20 +218,50 @@ class ThrottledSaver:
         self._queue(msg)
 
     def flush_slot(self, k: int) -> None:
+        """The slot's dirty messages' progress records, in one append of them
+        all (issue 29: per tick, not per record: one clock reading, one wake)."""
         slot = self.slots[k]  # cleared in place: each message keeps a reference to its slot
         dirty = list(slot)
         slot.clear()
+        may_write = self.may_write
+        items: list[tuple[str, list[MessageProgress]]] = []
+        owners: list[InflightMessage] = []
         for msg in dirty:
-            self._queue(msg)
+            if may_write is not None and not msg.finished and not may_write(msg):
+                continue  # (ended by may_write: its pending text is never written nor told)
+            events = msg.take_progress()
+            if events:
+                items.append((msg.session_id, events))
+                owners.append(msg)
+        if not items:
+            return
+        try:
+            failed = self.es.append_progress(items)
+        except (StoreBroken, StoreClosed) as e:
+            self.store_failed(e)
+            return
+        for i, appended, error in failed:
+            self._refused(owners[i], items[i][1][appended:], error)
 
     def _queue(self, msg: InflightMessage) -> None:
-        """Append the message's progress records; a store error ends the
-        message's producer (never the saver, never the process)."""
+        """Append the message's progress records now."""
         if self.may_write is not None and not msg.finished and not self.may_write(msg):
             return  # (ended by may_write: its pending text is never written nor told)
         events = msg.take_progress()
-        if not events:
-            return
+        if events:
+            self._append_each(msg, events)
+
+    def _refused(self, msg: InflightMessage, rest: list[MessageProgress], error: BaseException) -> None:
+        """An append of the message's records refused `error` at `rest[0]`:
+        text that cannot be encoded is written scrubbed; any other error
+        ends the message's producer."""
+        if isinstance(error, UnicodeEncodeError):
+            self._append_each(msg, rest)
+        else:
+            self._ended_by(msg, error)
+
+    def _append_each(self, msg: InflightMessage, events: list[MessageProgress]) -> None:
+        """Append the message's progress records one by one."""
         try:
             for i, ev in enumerate(events):
                 try:
@@ -239,18 +269,25 @@ class ThrottledSaver:
                 except UnicodeEncodeError:
                     events[i] = ev = msgspec.structs.replace(ev, content_delta=scrub_surrogates(ev.content_delta))
                     self.es.append_nowait(msg.session_id, ev)
-        except UnknownSession:
+        except Exception as e:
+            self._ended_by(msg, e)
+
+    def _ended_by(self, msg: InflightMessage, error: BaseException) -> None:
+        """A store error ends the message's producer (never the saver, never
+        the process)."""
+        if isinstance(error, UnknownSession):
             self._end(msg, "session deleted")
-        except MessageFinished:  # stopped or swept elsewhere: its finalize is written, ours would follow it
+        elif isinstance(error, MessageFinished):  # stopped or swept elsewhere: its finalize is written
             msg.finished = True
             self.end(msg)
             self._end(msg, "finalized elsewhere")
-        except SessionReadOnly:
+        elif isinstance(error, SessionReadOnly):
             self._end(msg, "session quarantined")
-        except (StoreBroken, StoreClosed) as e:
-            self.store_failed(e)
-        except Exception:  # one producer's bad data never stops the saver (nor the process)
-            log.exception("message %s: its progress could not be written; ending it", msg.msg_id)
+        elif isinstance(error, StoreBroken | StoreClosed):
+            self.store_failed(error)
+        else:  # one producer's bad data never stops the saver (nor the process)
+            log.error("message %s: its progress could not be written; ending it", msg.msg_id,
+                      exc_info=(type(error), error, error.__traceback__))
             self._end(msg, "unwritable progress")
 
     def _end(self, msg: InflightMessage, reason: str) -> None:
