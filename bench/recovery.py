@@ -18,6 +18,7 @@ from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.eventstore.local.log import list_session_ids, log_path
 from sessionlog_store.projections.recovery import load_session_state, recover_registry
 from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.gc_policy import gc_paused
 from sessionlog_store.server.stores import open_session_store
 
 from .populate import populate
@@ -76,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
             n, size, secs = raw_decode(root)
             raws.append(secs)
             t = time.perf_counter()
-            _, _, rep = recover_registry(OS_FILES, root, use_checkpoint=False, repair=False)
+            with gc_paused():  # (as a start replays: server/local/startup.py)
+                _, _, rep = recover_registry(OS_FILES, root, use_checkpoint=False, repair=False)
             fulls.append(time.perf_counter() - t)
             t = time.perf_counter()
-            _, _, rep2 = recover_registry(OS_FILES, root, use_checkpoint=True, repair=False)
+            with gc_paused():
+                _, _, rep2 = recover_registry(OS_FILES, root, use_checkpoint=True, repair=False)
             ckpts.append(time.perf_counter() - t)
         raw_s, full_s, ckpt_s = median(raws), median(fulls), median(ckpts)
         long_root = os.path.join(d, "long")

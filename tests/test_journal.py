@@ -329,7 +329,7 @@ async def test_the_log_writer_gathers_durable_batches_and_a_reader_hurries_it(tm
     async with open_event_store(live, fs=fs, journal_sync_interval=3600) as es:
         await es.create("a", [SessionCreated(session_id="a", created_at=1.0)])
         await es.flush()
-        es.writer.linger = 3600.0  # (only a reader's hurry writes)
+        es.writer.linger, es.writer.linger_from = 3600.0, 0  # (only a reader's hurry writes)
         before = len([op for op in fs.ops if op[0] == "write" and op[1].endswith("log.jsonl")])
         for i in range(5):
             await es.append("a", SessionRenamed(title=f"t{i}"))  # five durable batches

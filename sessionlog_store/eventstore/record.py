@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import Final, NamedTuple
+from itertools import repeat
+from operator import attrgetter, itemgetter
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -142,39 +144,47 @@ _META_EVENTS: Final = msgspec.json.Decoder(
          | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted])
 
 
+_HEADER: Final = itemgetter(slice(0, _HEADER_LEN))
+_BODY: Final = itemgetter(slice(_HEADER_LEN, None))
+_SEQ: Final = attrgetter("seq")
+_TS: Final = attrgetter("ts")
+_STUBS: Final = (_ProgressStub, _ProgressStubV1)
+_SEQ_OF: Final = itemgetter(0)  # (a Record's seq)
+
+
 def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record] | None:
     """Decode whole lines (without their newlines) in one pass of msgspec over
     all of them (as one JSON array, envelopes and events), after checking every
     checksum; with `meta_only` progress records are skipped as in
     decode_record_for_meta. None if any line is not a good record: the caller
-    then decodes line by line to find and report it."""
-    crc32 = zlib.crc32
-    for line in lines:
-        if line[:8] != _CRC_OPEN or line[16:18] != b'",' or line[-1:] != b"}":
-            return None
-        try:
-            if int(line[8:16], 16) != crc32(memoryview(line)[_HEADER_LEN:]):
-                return None
-        except ValueError:
-            return None
+    then decodes line by line to find and report it (and that path also reads
+    a checksum written in capitals).
+
+    Each line's checksum is still checked on its own, but every per-line step
+    runs in C (map over the lines: their headers, their bodies' CRC-32s as
+    headers, compared as lists): issue 29, replay was a Python loop a line."""
+    if not lines:
+        return []
+    # Each header as it must read: its checksum header of the CRC-32 of the rest
+    # (the rest ends where its JSON value does: checked by the lengths below).
+    if list(map(_HEADER, lines)) != list(map(b'{"crc":"%08x",'.__mod__, map(zlib.crc32, map(_BODY, lines)))):
+        return None
     joined = b"[" + b",".join(lines) + b"]"
     try:
         # One JSON value a line, exactly: the array's values, as raw bytes,
         # have the lines' lengths (no value spans or shares lines).
-        if [len(r) for r in _RAWS.decode(joined)] != [len(line) for line in lines]:
+        if list(map(len, _RAWS.decode(joined))) != list(map(len, lines)):
             return None
         envs = _ENVELOPES.decode(joined)
-        events = (_META_EVENTS if meta_only else _EVENTS).decode(joined)
+        events: list[Any] = (_META_EVENTS if meta_only else _EVENTS).decode(joined)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    out = [Record(e.seq, e.ts, ev) for e, ev in zip(envs, events)]  # type: ignore[arg-type]  # stubs replaced below
-    for i, r in enumerate(out):
-        t = type(r.event)
-        if t is _ProgressStub or t is _ProgressStubV1:
-            out[i] = Record(r.seq, r.ts, PROGRESS_STANDIN)
-        elif t is MessageProgressV1:
-            out[i] = Record(r.seq, r.ts, r.event.upgrade())  # type: ignore[union-attr]
-    return out
+    if meta_only:
+        events = [PROGRESS_STANDIN if type(ev) in _STUBS else ev for ev in events]
+    else:
+        events = [ev.upgrade() if type(ev) is MessageProgressV1 else ev for ev in events]
+    # (tuple.__new__ over the zip: Records made in C, not by NamedTuple's Python __new__)
+    return list(map(tuple.__new__, repeat(Record), zip(map(_SEQ, envs), map(_TS, envs), events)))
 
 
 # -- scanning a log's bytes (any backend's: a file, a stream subject's messages) --
@@ -201,7 +211,8 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
     last = len(lines) - 1  # lines[last] has no newline: empty, or an interrupted write
     # The common case, a log of good records: all of them in one decode pass.
     fast = decode_lines(lines[:last], meta_only=meta_only) if last else []
-    if fast is not None and (expect_seq is None or all(r.seq == expect_seq + i for i, r in enumerate(fast))):
+    if fast is not None and (expect_seq is None
+                             or list(map(_SEQ_OF, fast)) == list(range(expect_seq, expect_seq + len(fast)))):
         pos = len(data) - len(lines[last])
         return Scan(fast, base_offset + pos, len(data) - pos, None)
     records: list[Record] = []

@@ -54,7 +54,7 @@ from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.eventstore.local.journal import JournalRecovery, apply_journal
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.local.log import LOG_NAME, log_path, read_log, repair_torn_tail, session_dir, session_folders
-from sessionlog_store.eventstore.record import scan, with_ends
+from sessionlog_store.eventstore.record import PROGRESS_STANDIN, scan, with_ends
 
 from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, IndexCheckpoint, index_path, read_index, read_snapshot,
                          snapshot_path)
@@ -105,6 +105,8 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     meta = entry_meta if offset else None
     meta_seq = entry_seq if offset else 0
     for rec in s.records:
+        if rec.event is PROGRESS_STANDIN:  # (no meta change: most of a log)
+            continue
         new = apply_meta(meta, rec)
         if new is not meta:
             meta_seq = rec.seq

@@ -86,7 +86,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     root = _existing_store(args.root)
     fd = lock_root(root)
     try:
-        r = rebuild(OS_FILES, root, progress=_progress("rebuild"))
+        from sessionlog_store.server.gc_policy import gc_paused
+        with gc_paused():
+            r = rebuild(OS_FILES, root, progress=_progress("rebuild"))
     finally:
         os.close(fd)
     print(f"rebuilt {args.root}: {r.sessions} sessions, {r.records} records, {r.snapshots} snapshots, "

@@ -120,6 +120,7 @@ class EventStore:
         self._closed = False
         self._broken: BaseException | None = None
         self._stats = [0, 0, 0, 0]  # batches, records, largest, files synced
+        self._bytes_durable = 0
         self._batch_no = 0            # the last batch number given
         self._committed_no = 0        # the last durable batch
         # Its collaborators: the logs' descriptors (fd_lock), the journal's
@@ -519,6 +520,7 @@ class EventStore:
                 st[1] += n
                 st[2] = max(st[2], n)
                 st[3] += len(batch.lines)
+                self._bytes_durable += sum(sum(map(len, lines)) for lines in batch.lines.values())
                 for sid, seq in batch.last_seq.items():
                     sess = self._sessions.get(sid)
                     if sess is not None and seq > sess.durable_seq:
@@ -579,8 +581,9 @@ class EventStore:
 
     @property
     def bytes_appended(self) -> int:
-        """Bytes of records in the logs (metrics)."""
-        return self.writer.bytes_written
+        """Bytes of records made durable (metrics; in the logs up to the log
+        writer's linger later)."""
+        return self._bytes_durable
 
     async def sync_round(self) -> None:
         """A journal round now (bench/ starts each measured round synced)."""

@@ -36,6 +36,10 @@ from .logfiles import LogFiles
 # How long durable batches wait to be written together (seconds), and how
 # many records of them make the writer go at once.
 LINGER: Final = 0.5
+# Only batches holding this many records in all linger (under load: many
+# running replies at once); a light load's are written at once, so that a
+# reader of the files of a quiet server sees what is durable within moments.
+LINGER_FROM: Final = 128
 LINGER_RECORDS: Final = 100_000
 
 
@@ -51,15 +55,15 @@ class LogWriter:
         self.wake = trio.Event()
         self.written = trio.Event()    # set (and replaced) each time written_no moves
         self.written_no = 0            # the last batch whose lines are in the logs
-        self.bytes_written = 0         # bytes of records in the logs (metrics)
         self.commit_done = False       # the committer ended: write what is queued, then end
         self.done = False              # ended (all written, or its write failed)
-        # Queued batches wait up to `linger` seconds for more (issue 29: a
+        # Queued batches of many records wait up to `linger` seconds for more (issue 29: a
         # running reply's record each 250 ms is one write syscall per
         # record without it; gathered, one write per log carries several),
         # unless a reader needs them in the files (`hurry`) or too many
         # records wait.
         self.linger = linger
+        self.linger_from = LINGER_FROM  # (fewer queued: written at once, as a light load's are)
         self.hurried = trio.Event()
         self.queued_records = 0
 
@@ -93,16 +97,12 @@ class LogWriter:
 
     def mark_written(self, batches: list[Batch]) -> None:
         sessions = self.sessions
-        total = 0
         for batch in batches:
             for sid, lines in batch.lines.items():
-                n = sum(map(len, lines))
-                total += n
                 sess = sessions.get(sid)
                 if sess is not None:
                     sess.written_seq = batch.last_seq[sid]
-                    sess.written_end += n
-        self.bytes_written += total
+                    sess.written_end += sum(map(len, lines))
         self.written_no = batches[-1].no
         self.tell_waiters()
 
@@ -115,7 +115,7 @@ class LogWriter:
                     await self.wake.wait()
                     self.wake = trio.Event()
                     continue
-                if not self.hurried.is_set() and self.linger > 0:
+                if not self.hurried.is_set() and self.linger > 0 and self.queued_records >= self.linger_from:
                     with trio.move_on_after(self.linger):
                         await self.hurried.wait()
                 self.hurried = trio.Event()

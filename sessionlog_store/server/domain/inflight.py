@@ -105,8 +105,7 @@ class InflightMessage:
             return
         self._pending.append(delta)
         self.length += len(delta)
-        self.last_activity = trio.current_time()
-        self._dirty[self] = None
+        self._dirty[self] = None  # (its last_activity is stamped when the saver takes it: no clock read per delta)
 
     def set_tree(self, tree: Any) -> None:
         """Replace the message's context_tree (an agentic function's DAG). Pass a
@@ -226,7 +225,9 @@ class ThrottledSaver:
         may_write = self.may_write
         items: list[tuple[str, list[MessageProgress]]] = []
         owners: list[InflightMessage] = []
+        now = trio.current_time()
         for msg in dirty:
+            msg.last_activity = now  # (written since the last tick)
             if may_write is not None and not msg.finished and not may_write(msg):
                 continue  # (ended by may_write: its pending text is never written nor told)
             events = msg.take_progress()
@@ -245,6 +246,7 @@ class ThrottledSaver:
 
     def _queue(self, msg: InflightMessage) -> None:
         """Append the message's progress records now."""
+        msg.last_activity = trio.current_time()
         if self.may_write is not None and not msg.finished and not self.may_write(msg):
             return  # (ended by may_write: its pending text is never written nor told)
         events = msg.take_progress()

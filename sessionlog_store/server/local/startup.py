@@ -15,6 +15,7 @@ import trio
 from sessionlog_store.eventstore.events import Event, MessageFinalized, SessionFlags
 from sessionlog_store.projections.maintenance import MaintenancePlan, plan_maintenance
 from sessionlog_store.projections.recovery import check_prefix, recover_registry
+from sessionlog_store.server.gc_policy import gc_paused
 
 if TYPE_CHECKING:
     from sessionlog_store.eventstore.errors import CorruptRecord
@@ -45,7 +46,10 @@ class Starting(Protocol):
 async def recover(fs: FileOps, root: str) -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
     """The registry from index.json and the logs' tails (the first step of a
     start, before the store is made around it)."""
-    return await trio.to_thread.run_sync(recover_registry, fs, root)
+    def replay() -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
+        with gc_paused():
+            return recover_registry(fs, root)
+    return await trio.to_thread.run_sync(replay)
 
 
 async def start(store: Starting, config: StoreConfig, es: EventStore, caches: Caches, check: PrefixCheck,
