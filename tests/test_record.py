@@ -117,13 +117,22 @@ def test_progress_records_are_written_short_and_old_long_ones_still_read():
     from sessionlog_store.eventstore.events import MessageProgress
     ev = MessageProgress(msg_id="m1", content_delta="ab", offset=4, partial_tokens_used={"input": 1, "output": 2})
     line = encode_record(3, 1.5, ev)
-    assert b'"type":"p","m":"m1","d":"ab","o":4,"u":' in line
+    # (issue 29: with its token counts a pair, `q`; issue 12's `p` with the object still read)
+    assert b'"type":"q","m":"m1","d":"ab","o":4,"u":[1,2]}' in line
+    p_rest = b'"seq":3,"ts":1.5,"type":"p","m":"m1","d":"ab","o":4,"u":{"input":1,"output":2}}'
+    p_line = b'{"crc":"%08x",%s\n' % (zlib.crc32(p_rest), p_rest)
+    assert decode_record(p_line).event == ev and type(decode_record(line).event) is MessageProgress
+    odd = MessageProgress(msg_id="m1", offset=4, partial_tokens_used={"output": 2})  # (not exactly the two counts)
+    assert b'"type":"p"' in encode_record(4, 1.5, odd) and decode_record(encode_record(4, 1.5, odd)).event == odd
+    assert b'"type":"p"' in encode_record(4, 1.5, MessageProgress(msg_id="m1", content_delta="x"))
+    from sessionlog_store.eventstore.record import PROGRESS_STANDIN, decode_lines, decode_record_for_meta
+    assert [r.event for r in decode_lines([line[:-1], p_line[:-1]])] == [ev, ev]
+    assert [r.event for r in decode_lines([line[:-1], p_line[:-1]], meta_only=True)] == [PROGRESS_STANDIN] * 2
     rest = b'"seq":3,"ts":1.5,"type":"message_progress","msg_id":"m1","content_delta":"ab","offset":4,' \
            b'"partial_tokens_used":{"input":1,"output":2}}'
     old = b'{"crc":"%08x",%s\n' % (zlib.crc32(rest), rest)
     assert decode_record(old).event == decode_record(line).event == ev
     assert type(decode_record(old).event) is MessageProgress
-    from sessionlog_store.eventstore.record import PROGRESS_STANDIN, decode_record_for_meta
     assert decode_record_for_meta(old).event == decode_record_for_meta(line).event == PROGRESS_STANDIN
 
 

@@ -66,7 +66,8 @@ class MessageCreated(BaseEvent, tag="message_created", frozen=True):
 # 250 ms): on disk it is spelled short, `{"type":"p","m":..,"d":..,"o":..}`
 # (`t` the tree, `u` the token counts), ~37 bytes a record less than its
 # long spelling. Logs written before keep the long one (`message_progress`,
-# MessageProgressV1): both are read, only the short one is written.
+# MessageProgressV1): both are read, only the short one is written; one
+# with token counts is written `q` (MessageProgressQ: the counts a pair).
 _PROGRESS_NAMES: Final = {"msg_id": "m", "content_delta": "d", "offset": "o", "context_tree": "t",
                           "partial_tokens_used": "u"}
 
@@ -93,6 +94,35 @@ class MessageProgressV1(BaseEvent, tag="message_progress", frozen=True):
     def upgrade(self) -> MessageProgress:
         return MessageProgress(msg_id=self.msg_id, content_delta=self.content_delta, offset=self.offset,
                                context_tree=self.context_tree, partial_tokens_used=self.partial_tokens_used)
+
+
+class MessageProgressQ(BaseEvent, tag="q", frozen=True, rename=_PROGRESS_NAMES):
+    """A progress record with token counts, as written since issue 29: `u` is
+    `[input, output]` (`"u":[0,64]`, 18 bytes a record less than the object
+    `{"input":0,"output":64}`; bench/ bytes). Decoding turns it into a
+    MessageProgress (counts as the dict every reader knows)."""
+    msg_id: str
+    content_delta: str = ""
+    offset: int = 0
+    context_tree: Any = None
+    partial_tokens_used: tuple[int, int] | None = None
+
+    def upgrade(self) -> MessageProgress:
+        u = self.partial_tokens_used
+        return MessageProgress(msg_id=self.msg_id, content_delta=self.content_delta, offset=self.offset,
+                               context_tree=self.context_tree,
+                               partial_tokens_used=None if u is None else {"input": u[0], "output": u[1]})
+
+
+def on_disk(event: Event) -> Event:
+    """How an event is spelled in a log: a progress record's token counts
+    (exactly input and output) as a pair."""
+    if type(event) is MessageProgress:
+        u = event.partial_tokens_used
+        if u is not None and len(u) == 2 and "input" in u and "output" in u:
+            return MessageProgressQ(msg_id=event.msg_id, content_delta=event.content_delta, offset=event.offset,
+                                    context_tree=event.context_tree, partial_tokens_used=(u["input"], u["output"]))
+    return event
 
 
 class MessageFinalized(BaseEvent, tag="message_finalized", frozen=True):
@@ -228,7 +258,8 @@ class StreamForkLinked(BaseEvent, tag="ds_link", frozen=True):
     dropped: bool = False
 
 
-Event = (SessionCreated | MessageCreated | MessageProgress | MessageProgressV1 | MessageFinalized | SessionRenamed
+Event = (SessionCreated | MessageCreated | MessageProgress | MessageProgressV1 | MessageProgressQ | MessageFinalized
+         | SessionRenamed
          | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | OwnerChanged | SessionDeleted
          | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted
          | StreamOpened | StreamAppended | StreamSoftDeleted | StreamForkLinked)

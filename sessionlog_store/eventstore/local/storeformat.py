@@ -8,11 +8,12 @@ corrupt, never quarantined, never repaired. A root without the file was
 written before the stamp existed (sessionlog-store 0.1 and 0.2 wrote the
 same layout as format 1) and is read as format 1; the first process that
 writes the root stamps it. Upgrading from one format to the next is this
-module's job when format 2 comes: `check_format` returns the version found,
-and the writer upgrades in place before it stamps.
+module's job: `check_format` returns the version found, and the writer
+upgrades in place before it stamps (from 1 to 2 nothing is rewritten: 2
+only adds a record type).
 
 The file is one line of text so an operator can read it with `cat`:
-`sessionlog-store format 1`.
+`sessionlog-store format 2`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from typing import Final
 from ..errors import NewerFormat, UnreadableFormat
 from .fsio import FileOps, atomic_write
 
-FORMAT_VERSION: Final = 1
+# 2 (issue 29): progress records with token counts are written `q` (the
+# counts a pair); format 1 builds would quarantine them. A format 1 root
+# needs no change: the first writer stamps it 2.
+FORMAT_VERSION: Final = 2
 FORMAT_FILE: Final = "FORMAT"
 _PREFIX: Final = b"sessionlog-store format "
 UNSTAMPED: Final = 1  # what a root without the file holds (written by 0.1 or 0.2)
