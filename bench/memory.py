@@ -36,7 +36,7 @@ async def main():
         tune_gc()
         rss = int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
         # a scrape as the server's /metrics makes it (no connections here)
-        server = SimpleNamespace(store=store, connections=[], dropped=0,
+        server = SimpleNamespace(store=store, connections=[], dropped=0, live_reads=0,
                                  quotas=SimpleNamespace(refused=collections.Counter()))
         m = ServerMetrics(server)
         times = []

@@ -84,6 +84,42 @@ def write_index(fs: FileOps, root: str, data: bytes) -> None:
     atomic_write(fs, index_path(root), data)
 
 
+class _LazyIndex(msgspec.Struct, kw_only=True):
+    version: int = FORMAT_VERSION
+    written_at: float = 0.0
+    sessions: dict[str, msgspec.Raw] = {}
+
+
+_LAZY_INDEX_DECODER: Final = msgspec.json.Decoder(_LazyIndex)
+_ENTRY_DECODER: Final = msgspec.json.Decoder(SessionEntry)
+
+
+def read_index_entries(fs: FileOps, root: str) -> tuple[dict[str, msgspec.Raw] | None, str]:
+    """read_index for a start: each session's entry left undecoded (its raw
+    bytes) until `decode_entry` reads it, so a 100,000-session index is
+    never all decoded at once (issue 29: its rows and the holes they left
+    were a quarter of the start's memory)."""
+    path = index_path(root)
+    if not fs.exists(path):
+        return None, "missing"
+    try:
+        lazy = _LAZY_INDEX_DECODER.decode(fs.read_bytes(path))
+    except (msgspec.DecodeError, OSError) as e:
+        return None, f"corrupt: {e}"
+    if lazy.version != FORMAT_VERSION:
+        return None, f"corrupt: version {lazy.version}"
+    return lazy.sessions, "loaded"
+
+
+def decode_entry(raw: msgspec.Raw) -> SessionEntry | None:
+    """One session's checkpoint entry, or None for one that does not decode
+    (that session alone is replayed in full)."""
+    try:
+        return _ENTRY_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
 def read_index(fs: FileOps, root: str) -> tuple[IndexCheckpoint | None, str]:
     """The checkpoint and how it was found: "loaded", "missing" or "corrupt: ..."."""
     path = index_path(root)

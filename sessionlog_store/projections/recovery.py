@@ -48,6 +48,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from sessionlog_store.eventstore.errors import CorruptRecord, TornTail
 from sessionlog_store.eventstore.events import SessionDeleted
 from sessionlog_store.eventstore.local.fsio import FileOps
@@ -56,7 +58,7 @@ from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.local.log import LOG_NAME, log_path, read_log, repair_torn_tail, session_dir, session_folders
 from sessionlog_store.eventstore.record import PROGRESS_STANDIN, scan, with_ends
 
-from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, IndexCheckpoint, index_path, read_index, read_snapshot,
+from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, decode_entry, index_path, read_index_entries, read_snapshot,
                          snapshot_path)
 from .registry import Mark, Registry
 from .session import SessionMeta, SessionState, apply_meta
@@ -177,6 +179,24 @@ def damaged_meta(sid: str, rec: SessionRecovery) -> tuple[SessionMeta, CorruptRe
     return SessionMeta(id=sid, title=f"Damaged session {sid}", created_at=at, updated_at=at), corrupt
 
 
+def shared_strings(meta: SessionMeta, sid: str, pool: dict[str, str]) -> SessionMeta:
+    """The row with its id the registry's key itself and its few-valued
+    strings (agent, source, status, owner, project) one object each for all
+    rows (issue 29: decoded, each row held its own copies; ~250 bytes a
+    session of a 100,000-session registry)."""
+    get = pool.setdefault
+    agent, source, status, owner = (get(meta.agent_id, meta.agent_id), get(meta.source, meta.source),
+                                    get(meta.status, meta.status), get(meta.owner, meta.owner))
+    project = meta.project_id if meta.project_id is None else get(meta.project_id, meta.project_id)
+    # In place (the row was just decoded or folded here, nobody else holds it
+    # yet): a copy of every row would leave the decoded ones' holes behind.
+    for name, value in (("id", sid), ("agent_id", agent), ("source", source), ("status", status),
+                        ("owner", owner), ("project_id", project)):
+        if getattr(meta, name) is not value:
+            msgspec.structs.force_setattr(meta, name, value)
+    return meta
+
+
 def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, repair: bool = True,
                      progress: object = None) -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
     """Rebuild the registry from the checkpoint and the logs' tails (sync: run it
@@ -185,19 +205,21 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
     report = RecoveryReport()
     if repair:  # before anything reads a log or the checkpoint (a no-op once the event store applied it)
         report.journal = apply_journal(fs, root)
-    ckpt: IndexCheckpoint | None = None
+    entries: dict[str, msgspec.Raw] | None = None
     if use_checkpoint:
-        ckpt, report.checkpoint = read_index(fs, root)
+        entries, report.checkpoint = read_index_entries(fs, root)
     else:
         report.checkpoint = "not used"
-    entries = ckpt.sessions if ckpt is not None else {}
+    entries = entries or {}
     registry = Registry()
     found: dict[str, SessionRecovery] = {}
     ids, orphans = session_folders(fs, root)
+    pool: dict[str, str] = {}
     if repair:
         _remove_temp(fs, index_path(root) + ".tmp", report)
     for i, sid in enumerate(ids):
-        entry = entries.get(sid)
+        raw = entries.get(sid)
+        entry = decode_entry(raw) if raw is not None else None
         if entry is not None and entry.meta is not None and fs.size(log_path(root, sid)) >= entry.end > 0:
             rec = replay_meta(fs, root, sid, report, entry.seq, entry.end, entry.meta, repair=repair)
         else:
@@ -220,7 +242,8 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
                 report.quarantined.append(corrupt)
             rec = SessionRecovery(meta, rec.seq, rec.end, 0, corrupt, False, rec.first_ts)
         found[sid] = rec
-        registry.put(rec.meta, sid, Mark(seq=rec.seq, end=rec.end, meta_seq=rec.meta_seq))
+        assert rec.meta is not None
+        registry.put(shared_strings(rec.meta, sid, pool), sid, Mark(seq=rec.seq, end=rec.end, meta_seq=rec.meta_seq))
         if callable(progress):
             progress(i + 1, len(ids))
     for sid in orphans:

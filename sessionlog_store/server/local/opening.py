@@ -44,5 +44,6 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
         kept = store.keeper
         assert isinstance(kept, LocalKeeper)
         await start(store, config, es, kept.caches, kept.prefix_check, LocalProjectLog(fs, root), found, report)
+        del found  # (a SessionRecovery a session: not kept for the store's life; issue 29, memory)
         async with running(store) as ready:
             yield ready

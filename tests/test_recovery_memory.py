@@ -1,0 +1,35 @@
+"""What a start keeps of a large registry (issue 29 item 5, bench/ memory):
+the checkpoint's entries are decoded one at a time (an entry that does not
+decode replays only its own session in full), and every row shares its
+few-valued strings with the others and its id with the registry's key."""
+from __future__ import annotations
+
+import json
+import os
+
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.projections.checkpoint import index_path
+from sessionlog_store.projections.recovery import recover_registry
+from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.stores import open_session_store
+
+
+async def test_rows_share_their_strings_and_a_bad_entry_replays_its_session_alone(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root = str(tmp_path / "s")
+    async with open_session_store(root, config=StoreConfig(checkpoint_interval=3600)) as store:
+        ids = [(await store.create_session(first_message=f"hello {i}"))[0].id for i in range(3)]
+        await store.write_checkpoint()
+    with open(index_path(root)) as f:
+        index = json.load(f)
+    index["sessions"][ids[1]]["seq"] = "not a number"
+    with open(index_path(root), "w") as f:
+        json.dump(index, f)
+    registry, _, report = recover_registry(OS_FILES, root, repair=False)
+    assert report.checkpoint == "loaded" and (report.full_replays, report.tail_replays) == (1, 2)
+    rows = [registry.rows[sid] for sid in ids]
+    keys = {k: k for k in registry.rows}
+    assert all(r.id is keys[r.id] for r in rows)
+    assert rows[0].agent_id is rows[1].agent_id is rows[2].agent_id
+    assert rows[0].source is rows[2].source and rows[0].status is rows[1].status and rows[0].owner is rows[2].owner
+    assert [r.preview for r in rows] == [f"hello {i}" for i in range(3)]
+    assert os.path.exists(index_path(root))
