@@ -319,22 +319,3 @@ def test_verify_lists_a_kept_damaged_journal(tmp_path):
     _, problems = verify(OS_FILES, root)
     assert [p.session_id for p in problems if "could not fully apply" in p.what] == ["journal-damaged-1"], problems
 
-
-async def test_the_log_writer_gathers_durable_batches_and_a_reader_hurries_it(tmp_path):
-    """Durable batches wait (the linger) to go into their logs together: one
-    write per log for several batches (issue 29: not a syscall per record
-    of a running reply); a reader's flush() makes it write at once."""
-    live = str(tmp_path / "live")
-    fs = RecordingFS(live)
-    async with open_event_store(live, fs=fs, journal_sync_interval=3600) as es:
-        await es.create("a", [SessionCreated(session_id="a", created_at=1.0)])
-        await es.flush()
-        es.writer.linger, es.writer.linger_from = 3600.0, 0  # (only a reader's hurry writes)
-        before = len([op for op in fs.ops if op[0] == "write" and op[1].endswith("log.jsonl")])
-        for i in range(5):
-            await es.append("a", SessionRenamed(title=f"t{i}"))  # five durable batches
-        with trio.fail_after(30):
-            await es.flush()
-        writes = [op for op in fs.ops if op[0] == "write" and op[1].endswith("log.jsonl")][before:]
-        assert len(writes) == 1 and writes[0][2].count(b"\n") == 5
-        assert read_log(OS_FILES, live, "a").count(b"\n") == 6

@@ -465,7 +465,6 @@ class EventStore:
                     self._check_open()
             elif self.writer.written_no >= target:
                 return
-            self.writer.hurry()
             await self.writer.written.wait()
 
     # -- the committer ----------------------------------------------------
@@ -581,8 +580,7 @@ class EventStore:
 
     @property
     def bytes_appended(self) -> int:
-        """Bytes of records made durable (metrics; in the logs up to the log
-        writer's linger later)."""
+        """Bytes of records made durable (metrics)."""
         return self._bytes_durable
 
     async def sync_round(self) -> None:

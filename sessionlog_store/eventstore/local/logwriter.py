@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final
 
 import trio
 
@@ -33,22 +32,11 @@ from .batch import Batch, LogState, Timing
 from .logfiles import LogFiles
 
 
-# How long durable batches wait to be written together (seconds), and how
-# many records of them make the writer go at once.
-LINGER: Final = 0.5
-# Only batches holding this many records in all linger (under load: many
-# running replies at once); a light load's are written at once, so that a
-# reader of the files of a quiet server sees what is durable within moments.
-LINGER_FROM: Final = 128
-LINGER_RECORDS: Final = 100_000
-
-
 class LogWriter:
     """The log writer's task and the written position (see the module's header)."""
 
     def __init__(self, files: LogFiles, fd_lock: trio.Lock, sessions: dict[str, LogState], timing: Timing,
-                 on_written: Callable[[set[int]], None], fail: Callable[[BaseException], None],
-                 linger: float = LINGER) -> None:
+                 on_written: Callable[[set[int]], None], fail: Callable[[BaseException], None]) -> None:
         self.files, self.fd_lock, self.sessions, self.timing = files, fd_lock, sessions, timing
         self.on_written, self.fail = on_written, fail
         self.queued: list[Batch] = []  # durable batches whose lines wait to be written
@@ -57,31 +45,14 @@ class LogWriter:
         self.written_no = 0            # the last batch whose lines are in the logs
         self.commit_done = False       # the committer ended: write what is queued, then end
         self.done = False              # ended (all written, or its write failed)
-        # Queued batches of many records wait up to `linger` seconds for more (issue 29: a
-        # running reply's record each 250 ms is one write syscall per
-        # record without it; gathered, one write per log carries several),
-        # unless a reader needs them in the files (`hurry`) or too many
-        # records wait.
-        self.linger = linger
-        self.linger_from = LINGER_FROM  # (fewer queued: written at once, as a light load's are)
-        self.hurried = trio.Event()
-        self.queued_records = 0
 
     def queue(self, batch: Batch) -> None:
         self.queued.append(batch)
-        self.queued_records += batch.records
-        if self.queued_records >= LINGER_RECORDS:
-            self.hurry()
-        self.wake.set()
-
-    def hurry(self) -> None:
-        """Write what is queued now (a reader waits for it in the files)."""
-        self.hurried.set()
         self.wake.set()
 
     def committer_ended(self) -> None:
         self.commit_done = True
-        self.hurry()
+        self.wake.set()
 
     def tell_waiters(self) -> None:
         """Wake whoever waits on `written` (the store broke: they look again)."""
@@ -115,11 +86,7 @@ class LogWriter:
                     await self.wake.wait()
                     self.wake = trio.Event()
                     continue
-                if not self.hurried.is_set() and self.linger > 0 and self.queued_records >= self.linger_from:
-                    with trio.move_on_after(self.linger):
-                        await self.hurried.wait()
-                self.hurried = trio.Event()
-                batches, self.queued, self.queued_records = self.queued, [], 0
+                batches, self.queued = self.queued, []
                 try:
                     async with self.fd_lock:
                         devs = await trio.to_thread.run_sync(self._write_sync, batches)
