@@ -19,10 +19,7 @@ from typing import Any, Final, NamedTuple
 import msgspec
 
 from .errors import CorruptRecord, RecordTooLarge
-from .events import (EVENT_DECODER, EVENT_ENCODER, Event, on_disk, HeadMoved, MessageCreated, MessageFinalized,
-                     MessageProgress, MessageProgressQ, MessageProgressV1, ProjectBound, ProjectCreated, ProjectMoved,
-                     ProjectRelocated, SessionCreated, SessionDeleted, SessionFlags, SessionRenamed,
-                     OwnerChanged, ProjectDeleted, ProjectOwnerChanged)
+from .events import EVENT_DECODER, EVENT_ENCODER, Event, MessageProgress, MessageProgressQ, MessageProgressV1, on_disk
 
 # A log line longer than this is refused, so replay and the tail reader stay
 # bounded in memory. A finalize carries a whole reply; 4 MiB holds a long
@@ -135,33 +132,26 @@ def decode_record_for_meta(line: bytes) -> Record:
 
 # -- a whole log's lines at once (the replay path) -----------------------------
 
-class _ProgressStub(msgspec.Struct, frozen=True, tag_field="type", tag="p"):
-    """A progress record in a registry-only replay: its fields are skipped."""
-
-
-class _ProgressStubV1(msgspec.Struct, frozen=True, tag_field="type", tag="message_progress"):
-    pass
-
-
-class _ProgressStubQ(msgspec.Struct, frozen=True, tag_field="type", tag="q"):
-    pass
-
-
 _RAWS: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _ENVELOPES: Final = msgspec.json.Decoder(list[_Envelope])
 _EVENTS: Final = msgspec.json.Decoder(list[Event])
-_META_EVENTS: Final = msgspec.json.Decoder(
-    list[SessionCreated | MessageCreated | _ProgressStub | _ProgressStubV1 | _ProgressStubQ | MessageFinalized
-         | SessionRenamed | SessionFlags | ProjectBound | ProjectRelocated | HeadMoved | OwnerChanged | SessionDeleted
-         | ProjectCreated | ProjectMoved | ProjectOwnerChanged | ProjectDeleted])
-
 
 _HEADER: Final = itemgetter(slice(0, _HEADER_LEN))
 _BODY: Final = itemgetter(slice(_HEADER_LEN, None))
 _SEQ: Final = attrgetter("seq")
 _TS: Final = attrgetter("ts")
-_STUBS: Final = (_ProgressStub, _ProgressStubV1, _ProgressStubQ)
 _SEQ_OF: Final = itemgetter(0)  # (a Record's seq)
+_TYPE: Final = attrgetter("type")
+_PROGRESS_TYPES: Final = frozenset({"p", "q", "message_progress"})
+
+
+class _TaggedEnvelope(msgspec.Struct):
+    seq: int
+    ts: float
+    type: str
+
+
+_TAGGED_ENVELOPES: Final = msgspec.json.Decoder(list[_TaggedEnvelope])
 
 
 def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record] | None:
@@ -187,14 +177,22 @@ def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record]
         # have the lines' lengths (no value spans or shares lines).
         if list(map(len, _RAWS.decode(joined))) != list(map(len, lines)):
             return None
-        envs = _ENVELOPES.decode(joined)
-        events: list[Any] = (_META_EVENTS if meta_only else _EVENTS).decode(joined)
+        if meta_only:
+            # The envelopes with their types; only the few records a meta
+            # fold reads (not progress) are decoded, each from its line.
+            heads = _TAGGED_ENVELOPES.decode(joined)
+            envs: list[Any] = heads
+            events: list[Any] = [PROGRESS_STANDIN] * len(heads)
+            decode = EVENT_DECODER.decode
+            for i in [i for i, t in enumerate(map(_TYPE, heads)) if t not in _PROGRESS_TYPES]:
+                ev = decode(lines[i])
+                events[i] = ev.upgrade() if type(ev) in _UPGRADED else ev  # type: ignore[union-attr]
+        else:
+            envs = _ENVELOPES.decode(joined)
+            events = [ev.upgrade() if type(ev) in _UPGRADED else ev  # type: ignore[union-attr]
+                      for ev in _EVENTS.decode(joined)]
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    if meta_only:
-        events = [PROGRESS_STANDIN if type(ev) in _STUBS else ev for ev in events]
-    else:
-        events = [ev.upgrade() if type(ev) in _UPGRADED else ev for ev in events]
     # (tuple.__new__ over the zip: Records made in C, not by NamedTuple's Python __new__)
     return list(map(tuple.__new__, repeat(Record), zip(map(_SEQ, envs), map(_TS, envs), events)))
 
