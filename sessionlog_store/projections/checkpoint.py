@@ -6,7 +6,7 @@ the one module of projections/ that does file I/O (through the FileOps seam).
 from __future__ import annotations
 
 import os
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -99,16 +99,8 @@ def read_index_entries(fs: FileOps, root: str) -> tuple[dict[str, msgspec.Raw] |
     bytes) until `decode_entry` reads it, so a 100,000-session index is
     never all decoded at once (issue 29: its rows and the holes they left
     were a quarter of the start's memory)."""
-    path = index_path(root)
-    if not fs.exists(path):
-        return None, "missing"
-    try:
-        lazy = _LAZY_INDEX_DECODER.decode(fs.read_bytes(path))
-    except (msgspec.DecodeError, OSError) as e:
-        return None, f"corrupt: {e}"
-    if lazy.version != FORMAT_VERSION:
-        return None, f"corrupt: version {lazy.version}"
-    return lazy.sessions, "loaded"
+    lazy, how = _read_index(fs, root, _LAZY_INDEX_DECODER)
+    return (lazy.sessions if lazy is not None else None), how
 
 
 def decode_entry(raw: msgspec.Raw) -> SessionEntry | None:
@@ -122,11 +114,15 @@ def decode_entry(raw: msgspec.Raw) -> SessionEntry | None:
 
 def read_index(fs: FileOps, root: str) -> tuple[IndexCheckpoint | None, str]:
     """The checkpoint and how it was found: "loaded", "missing" or "corrupt: ..."."""
+    return _read_index(fs, root, _INDEX_DECODER)
+
+
+def _read_index(fs: FileOps, root: str, decoder: msgspec.json.Decoder[Any]) -> tuple[Any, str]:
     path = index_path(root)
     if not fs.exists(path):
         return None, "missing"
     try:
-        ckpt = _INDEX_DECODER.decode(fs.read_bytes(path))
+        ckpt = decoder.decode(fs.read_bytes(path))
     except (msgspec.DecodeError, OSError) as e:
         return None, f"corrupt: {e}"
     if ckpt.version != FORMAT_VERSION:

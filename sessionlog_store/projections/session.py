@@ -129,6 +129,19 @@ class MessageSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 ROOT_KEY = ""  # the parent key of the first message(s): they have no parent
 
 
+def _progressed(md: dict[str, Any], tree: Any, tokens: dict[str, int] | None) -> dict[str, Any]:
+    """A running message's metadata with a progress record's tree and token
+    counts (the same dict when it has neither)."""
+    if tree is None and tokens is None:
+        return md
+    md = dict(md)
+    if tree is not None:
+        md["context_tree"] = tree
+    if tokens is not None:
+        md["partial_tokens_used"] = tokens
+    return md
+
+
 class _Growth:
     """A running message's progress since its snapshot: deltas at its end,
     its newest tree and token counts, and the last record's ts and seq."""
@@ -186,15 +199,9 @@ class SessionState:
             m = msgs.get(msg_id)
             if m is None or not g.seq:  # (nothing folded since its snapshot)
                 continue
-            md = m.metadata
-            if g.tree is not None or g.tokens is not None:
-                md = dict(md)
-                if g.tree is not None:
-                    md["context_tree"] = g.tree
-                if g.tokens is not None:
-                    md["partial_tokens_used"] = g.tokens
             content = m.content + "".join(g.pieces) if g.pieces else m.content
-            msgs[msg_id] = replace(m, content=content, metadata=md, last_update_at=g.ts,
+            msgs[msg_id] = replace(m, content=content, metadata=_progressed(m.metadata, g.tree, g.tokens),
+                                   last_update_at=g.ts,
                                    seq=g.seq)
         self._growing.clear()
 
@@ -252,13 +259,7 @@ class SessionState:
             if p.content_delta:
                 content = content[:p.offset] + p.content_delta if p.offset != len(content) \
                     else content + p.content_delta
-            md = m.metadata
-            if p.context_tree is not None or p.partial_tokens_used is not None:
-                md = dict(md)
-                if p.context_tree is not None:
-                    md["context_tree"] = p.context_tree
-                if p.partial_tokens_used is not None:
-                    md["partial_tokens_used"] = p.partial_tokens_used
+            md = _progressed(m.metadata, p.context_tree, p.partial_tokens_used)
             msgs[p.msg_id] = replace(m, content=content, status="running", metadata=md,
                                      last_update_at=record.ts, seq=record.seq)
             self._growing[p.msg_id] = _Growth(len(content))
