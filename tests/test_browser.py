@@ -148,7 +148,7 @@ def test_backend_killed_mid_stream_shows_aborted_with_a_working_retry(serve, bro
     page.wait_for_function(f'document.querySelector(\'[data-msg="{mid}"] .bubble\').innerText.length > 40')
     # The page is told text as it is appended, before its batch is written; a
     # busy machine may take a while to write it: kill once some is written.
-    wait_written(serve.root, mid.encode(), b'"type":"p"')  # (a progress record)
+    wait_written(serve.root, mid.encode(), b'"d":"')  # (a progress record's text: `p` or `q`)
     serve.kill()
     page.wait_for_selector(".conn.offline")
     serve.start()

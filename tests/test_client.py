@@ -236,6 +236,41 @@ def test_an_append_in_flight_when_the_reply_exits_is_not_taken_for_its_close(ser
     run(backend, scenario)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_caller_cancelling_a_reply_whose_server_does_not_answer_is_cancelled(
+        server: ServeProcess, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's cancel ends the reply's body while the server answers
+    nothing: the exit tries its close for CANCEL_GRACE and the cancel goes
+    on (not a ConnectionError a minute later, the retries of a shielded
+    append); the server's producer timeout then ends the reply with its text."""
+    from sessionlog_store.client import producer
+    monkeypatch.setattr(producer, "CANCEL_GRACE", 0.5)
+
+    async def scenario() -> None:
+        answers = threading.Event()
+        answers.set()
+        async with Client(f"http://127.0.0.1:{server.port}", TOKEN) as sl:
+            sid = (await sl.create_session()).id
+            await sl.add_message(sid, "go")
+            with cutting_proxy(server.port, answers) as (port, _):
+                async with Client(f"http://127.0.0.1:{port}", TOKEN,
+                                  headers={"Host": f"127.0.0.1:{server.port}"}) as producer_client:
+                    with anyio.CancelScope() as cs:
+                        async with producer_client.reply(sid, interval=0.05) as r:
+                            answers.clear()
+                            r.write("said before the cancel")
+                            await until(lambda: _content(sl, sid, r.reply_id, "said before the cancel"))
+                            cs.cancel()
+                            await anyio.sleep_forever()
+                    assert cs.cancelled_caught
+                    answers.set()
+            await until(lambda: _ended(sl, sid, r.reply_id))
+            m = next(m for m in (await sl.get_session(sid)).messages if m.msg_id == r.reply_id)
+            assert (m.status, m.content, m.metadata.get("aborted_reason")) == (
+                "aborted", "said before the cancel", "producer lost")
+    run(backend, scenario)
+
+
 async def _ended(sl: Client, sid: str, mid: str) -> bool:
     return any(m.msg_id == mid and m.status != "running" for m in (await sl.get_session(sid)).messages)
 

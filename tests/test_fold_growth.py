@@ -127,3 +127,43 @@ async def test_one_tick_appends_every_message_and_a_refused_one_stops_only_itsel
         texts = {sid: (await store.load_session(sid)).messages[msgs[sid].msg_id].content
                  for sid in sids if sid != sids[2]}
     assert texts == {sids[0]: "first 0 then 0", sids[1]: "first 1 \ufffd halfthen 1", sids[3]: "first 3 then 3"}
+
+
+async def test_a_listener_that_raises_ends_only_its_message(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A listener's bug on one message's record ends that message
+    ("unwritable progress", as one append each did); the tick's other
+    messages are appended and told, and the saver goes on."""
+    import trio
+
+    from sessionlog_store.server.config import StoreConfig
+    from sessionlog_store.server.stores import open_session_store
+
+    config = StoreConfig(progress_slots=1, progress_interval=3600, stall_timeout=3600)
+    async with open_session_store(str(tmp_path / "s"), config=config) as store:
+        sids = [(await store.create_session(first_message="go"))[0].id for _ in range(3)]
+        msgs, ended, told = {}, {}, []
+        done = trio.Event()
+
+        def bad(sid: str, rec: Record, end: int) -> None:
+            if sid == sids[1] and type(rec.event) is MessageProgress:
+                raise RuntimeError("a listener's bug")
+            told.append(sid)
+
+        async def one(sid: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async with store.inflight(sid) as msg:
+                msgs[sid] = msg
+                task_status.started()
+                await done.wait()
+            ended[sid] = msg.abort_reason
+
+        async with trio.open_nursery() as n:
+            for sid in sids:
+                await n.start(one, sid)
+            store.es.listeners.append(bad)
+            for sid in sids:
+                msgs[sid].write("text")
+            store.saver.flush_slot(0)
+            store.es.listeners.remove(bad)
+            done.set()
+        assert ended == {sids[0]: None, sids[1]: "unwritable progress", sids[2]: None}
+        assert told == [sids[0], sids[2]] and store.saver.failed is None

@@ -7,6 +7,7 @@ user's Stop learnt within one interval (the reply's own stream followed:
 its closure)."""
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -19,6 +20,7 @@ from sessionlog_store.client.reading import BACKOFF_MAX
 from sessionlog_store.server.edge import apitypes as t
 
 RETRY_FOR = 60.0  # how long an append is tried again (the same seq) while the server does not answer
+CANCEL_GRACE = 5.0  # how long a cancelled reply's exit tries to send its last text and close
 
 
 class Reply:
@@ -41,6 +43,7 @@ class Reply:
         self._producer = uuid.uuid4().hex
         self._seq = 0
         self._tokens: t.Tokens | None = None
+        self._in_doubt: str | None = None  # an append's text sent without an answer (cut or failed): sent again
         self._group: Any = None
         # (a tool call has none: its text is sent on exit, and it may be
         # entered and exited in any order beside others)
@@ -63,10 +66,18 @@ class Reply:
         return self
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
         if self._group is not None:
             self._group.cancel_scope.cancel()
-            await self._group.__aexit__(None, None, None)
-        with anyio.CancelScope(shield=True):
+            try:
+                await self._group.__aexit__(None, None, None)
+            except anyio.get_cancelled_exc_class():
+                if not cancelled:
+                    raise
+                # (the caller's cancel: it goes on once the close below is sent)
+        # A caller's cancel too ends the reply (its close is sent), within
+        # CANCEL_GRACE: past it the server's producer timeout ends it.
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + CANCEL_GRACE if cancelled else math.inf):
             if not self.stopped.is_set():
                 await self._flush()
             if not self.stopped.is_set():
@@ -101,25 +112,29 @@ class Reply:
     async def _flusher(self) -> None:
         while not self.stopped.is_set():
             await anyio.sleep(self.interval)
-            # Shielded: an append cut by the exit's cancel, taken by the
-            # server but its answer not read, would leave its seq counted
-            # there and not here, and the exit's close (that seq again) would
-            # be answered as its duplicate: the reply left running.
-            with anyio.CancelScope(shield=True):
-                await self._flush()
+            await self._flush()
 
     async def _flush(self) -> None:
         if self._tokens is not None:
             tokens, self._tokens = self._tokens, None
+            sent = False
             try:
                 r = await self.http.patch(f"{self.api}/sessions/{self.session_id}/replies/{self.reply_id}",
                                           content=msgspec.json.encode(t.ReplyProgress(tokens=tokens)),
                                           headers={"Content-Type": "application/json"})
+                # (a 409: its end learnt by the watch)
+                sent = r.status_code < 500 and r.status_code != 429
             except httpx.TransportError:
-                r = None
-            if r is None or r.status_code >= 500 or r.status_code == 429:  # (a 409: its end learnt by the watch)
-                if self._tokens is None:  # (sent again with the next interval)
+                pass
+            finally:
+                if not sent and self._tokens is None:  # (totals: sent again with the next flush, cut or failed)
                     self._tokens = tokens
+        if self._in_doubt is not None:
+            # An append cut by a cancel (the exit's, or the caller's): the
+            # server may have taken it. Sent again with the same seq, it is
+            # taken once (or answered as its duplicate), and the next seq
+            # (the close) is not taken for that duplicate.
+            await self._append(self._in_doubt)
         if self._buffer:
             text, self._buffer = "".join(self._buffer), []
             await self._append(text)
@@ -134,6 +149,7 @@ class Reply:
             if error is not None:
                 headers.update({"Stream-Status": "error", "Stream-Error": error.replace("\n", " ")})
         deadline, delay = anyio.current_time() + RETRY_FOR, 0.1
+        self._in_doubt = text  # (until answered: its seq not counted here)
         while True:
             try:
                 r = await self.http.post(self.stream, content=text.encode(), headers=headers)
@@ -146,6 +162,7 @@ class Reply:
             await anyio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX)
         self._seq += 1
+        self._in_doubt = None
         if r.status_code == 409:
             self._ended(r)
         elif r.status_code >= 400:

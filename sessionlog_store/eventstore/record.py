@@ -41,9 +41,11 @@ class RecordError(ValueError):
     """A line that is not a valid record; `str()` says why."""
 
 
-def record_time() -> float:
-    """A record's `ts`: the clock to the millisecond (issue 29: four bytes a
-    record less than its full repr, and no reader needs finer)."""
+def progress_time() -> float:
+    """A progress record's `ts`: the clock to the millisecond (issue 29: four
+    bytes less a record of the most frequent kind; it orders nothing, only
+    a running message's last update). Other records keep the full clock:
+    their ts orders the session list."""
     return round(time.time(), 3)
 
 

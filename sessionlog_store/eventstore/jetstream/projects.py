@@ -10,6 +10,7 @@ the tail or a catch-up brings it first.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -17,7 +18,7 @@ from ..errors import CorruptRecord, ProjectsMoved, TornTail
 from ..events import Event
 from ..record import scan
 from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered, read_subject
-from ..record import Record, encode_record, record_time
+from ..record import Record, encode_record
 
 if TYPE_CHECKING:
     from .streamlog import JetStreamLog
@@ -71,7 +72,7 @@ class StreamProjectLog:
     async def append(self, event: Event) -> Record:
         """Durable on return; ProjectsMoved if another worker appended first."""
         self.log.check_open()
-        rec = Record(self.seq + 1, record_time(), event)
+        rec = Record(self.seq + 1, time.time(), event)
         line = encode_record(rec.seq, rec.ts, event)
         ack = await self._publish(line, f"{PROJECTS}:{self.log.worker}:{rec.seq}:{self.stream_seq}", self.stream_seq)
         self.seq, self.stream_seq = rec.seq, max(self.stream_seq, ack.seq)

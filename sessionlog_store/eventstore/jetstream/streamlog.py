@@ -64,7 +64,7 @@ from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted, S
 from ..ids import validate_session_id
 from .natsio import (DIRECT_GETS, PING_INTERVAL, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream, publish_answered,
                      read_subject, split_by_size, unanswered)
-from ..record import Record, decode_record, encode_record, record_time, scan, with_ends
+from ..record import Record, decode_record, encode_record, scan, with_ends
 from .session import StreamSession
 from .tail import Tail
 
@@ -195,7 +195,7 @@ class JetStreamLog:
     # -- writes -------------------------------------------------------------
 
     def _add(self, session_id: str, sess: StreamSession, events: Sequence[Event]) -> list[Appended]:
-        ts = record_time()
+        ts = time.time()
         out = []
         sess.check_writable(session_id, events)
         # Encode everything first: a record over the servers' message size

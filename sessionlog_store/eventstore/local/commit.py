@@ -57,7 +57,7 @@ from ..backend import Appended, CommitStatistics, EventLog, Failed
 from ..errors import (CorruptRecord, SessionExists, SessionReadOnly, StoreBroken, StoreClosed,
                      UnknownSession)
 from ..events import Event, SessionDeleted
-from ..record import Record, encode_line, encode_record, record_time, scan
+from ..record import Record, encode_line, encode_record, progress_time, scan
 from .batch import Batch, LogState, Timing
 from .fsio import OS_FILES, SYNCFS_REPORTS_ERRORS, FileOps
 from .journal import Entry, JournalRecovery, birth, born_of, encode_frame, log_born
@@ -211,7 +211,7 @@ class EventStore:
         path = log_path(self.root, session_id)  # validates the id
         if session_id in self._sessions or session_id in self._creating:
             raise SessionExists(f"session {session_id!r} already exists")
-        ts = record_time()
+        ts = time.time()
         lines = [encode_record(i, ts, ev) for i, ev in enumerate(events, 1)]
         out: list[Appended] = []
         end = 0
@@ -299,7 +299,7 @@ class EventStore:
         if sess.corrupt is not None:
             raise SessionReadOnly(f"{sess.corrupt}; the session is read-only until "
                                   f"`sessionlog repair` is run on it")
-        ts = record_time()
+        ts = time.time()
         # Encode everything first: a RecordTooLarge leaves the session unchanged.
         new = [encode_record(sess.last_seq + i, ts, ev) for i, ev in enumerate(events, 1)]
         start = sess.end
@@ -359,7 +359,7 @@ class EventStore:
             raise UnknownSession(session_id)
         if sess.corrupt is not None:
             return self._enqueue(session_id, [event])[1][0]  # raises SessionReadOnly
-        ts = record_time()
+        ts = time.time()
         line = encode_record(sess.last_seq + 1, ts, event)
         start = sess.end
         sess.last_seq += 1
@@ -381,7 +381,7 @@ class EventStore:
         the error); the others go on. StoreBroken/StoreClosed raise."""
         if self._broken is not None or self._closed or self._closing:
             self._check_open()
-        ts = record_time()
+        ts = progress_time()
         ts_repr = b"%r" % ts
         failed: list[Failed] = []
         sessions, listeners, told = self._sessions, self.listeners, self.append_listeners
@@ -407,14 +407,17 @@ class EventStore:
             sess.last_seq += len(new)
             sess.end += sum(map(len, new))
             self._add_lines(session_id, sess, new, start, False)
-            for ev, line in zip(events, new):
-                seq += 1
-                end += len(line)
-                rec = Record(seq, ts, ev)
-                for listener in listeners:
-                    listener(session_id, rec, end)
-            for done in told:
-                done(session_id)
+            try:
+                for ev, line in zip(events, new):
+                    seq += 1
+                    end += len(line)
+                    rec = Record(seq, ts, ev)
+                    for listener in listeners:
+                        listener(session_id, rec, end)
+                for done in told:
+                    done(session_id)
+            except Exception as e:  # (a listener's bug: its message ends, as with append_nowait; the others go on)
+                failed.append((i, len(new), e))
         self._wake.set()
         return failed
 

@@ -12,13 +12,14 @@ file already; a retry would repeat its seq).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import trio
 
 from ..errors import CorruptRecord, SessionReadOnly, StoreBroken, TornTail
 from ..events import Event
-from ..record import Record, encode_record, record_time, scan
+from ..record import Record, encode_record, scan
 from .fsio import FileOps
 from .log import append_durable, project_log_path, repair_torn_tail
 
@@ -64,7 +65,7 @@ class LocalProjectLog:
                                   "until `sessionlog repair projects`")
         if self.broken is not None:
             raise StoreBroken("the project log failed to write or sync; restart to recover") from self.broken
-        rec = Record(self.seq + 1, record_time(), event)
+        rec = Record(self.seq + 1, time.time(), event)
         line = encode_record(rec.seq, rec.ts, event)
         try:
             await trio.to_thread.run_sync(append_durable, self.fs, self.path, line)

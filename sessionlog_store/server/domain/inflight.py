@@ -246,11 +246,11 @@ class ThrottledSaver:
 
     def _queue(self, msg: InflightMessage) -> None:
         """Append the message's progress records now."""
-        msg.last_activity = trio.current_time()
         if self.may_write is not None and not msg.finished and not self.may_write(msg):
             return  # (ended by may_write: its pending text is never written nor told)
         events = msg.take_progress()
         if events:
+            msg.last_activity = trio.current_time()
             self._append_each(msg, events)
 
     def _refused(self, msg: InflightMessage, rest: list[MessageProgress], error: BaseException) -> None:
