@@ -14,8 +14,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -208,28 +208,36 @@ def test_a_producers_exception_ends_the_reply_error_and_a_stop_reaches_a_silent_
     run(backend, scenario)
 
 
+@asynccontextmanager
+async def held_answers(server: ServeProcess) -> AsyncIterator[tuple[Client, threading.Event]]:
+    """A client through a proxy whose server answers wait while the event
+    is clear (requests still reach the server)."""
+    answers = threading.Event()
+    answers.set()
+    with cutting_proxy(server.port, answers) as (port, _):
+        async with Client(f"http://127.0.0.1:{port}", TOKEN, headers={"Host": f"127.0.0.1:{server.port}"}) as c:
+            yield c, answers
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_append_in_flight_when_the_reply_exits_is_not_taken_for_its_close(server: ServeProcess,
                                                                             backend: str) -> None:
     """The reply's body ends while an interval's append is on the wire (the
-    server took it, its answer not yet read): the exit waits for that
-    answer, so its close is the next seq and ends the reply `done` (cut by
-    the exit, the close went with the cut append's seq, was answered as its
-    duplicate, and the reply, left running, ended "producer lost")."""
+    server took it, its answer not yet read): the exit sends that append
+    again with its seq (answered as its duplicate), so its close is the next
+    seq and ends the reply `done` (before: the close went with the cut
+    append's seq, was answered as its duplicate, and the reply, left
+    running, ended "producer lost")."""
     async def scenario() -> None:
-        answers = threading.Event()
-        answers.set()
         async with Client(f"http://127.0.0.1:{server.port}", TOKEN) as sl:
             sid = (await sl.create_session()).id
             await sl.add_message(sid, "go")
-            with cutting_proxy(server.port, answers) as (port, _):
-                async with Client(f"http://127.0.0.1:{port}", TOKEN,
-                                  headers={"Host": f"127.0.0.1:{server.port}"}) as producer:
-                    async with producer.reply(sid, interval=0.05) as r:
-                        answers.clear()
-                        r.write("all of it")
-                        await until(lambda: _content(sl, sid, r.reply_id, "all of it"))  # (taken; answer held)
-                        answers.set()  # (no checkpoint before the exit: its answer not read yet)
+            async with held_answers(server) as (producer, answers):
+                async with producer.reply(sid, interval=0.05) as r:
+                    answers.clear()
+                    r.write("all of it")
+                    await until(lambda: _content(sl, sid, r.reply_id, "all of it"))  # (taken; answer held)
+                    answers.set()  # (no checkpoint before the exit: its answer not read yet)
             await until(lambda: _ended(sl, sid, r.reply_id))
             m = next(m for m in (await sl.get_session(sid)).messages if m.msg_id == r.reply_id)
             assert (m.status, m.content) == ("done", "all of it"), (m.status, m.metadata)
@@ -247,23 +255,19 @@ def test_a_caller_cancelling_a_reply_whose_server_does_not_answer_is_cancelled(
     monkeypatch.setattr(producer, "CANCEL_GRACE", 0.5)
 
     async def scenario() -> None:
-        answers = threading.Event()
-        answers.set()
         async with Client(f"http://127.0.0.1:{server.port}", TOKEN) as sl:
             sid = (await sl.create_session()).id
             await sl.add_message(sid, "go")
-            with cutting_proxy(server.port, answers) as (port, _):
-                async with Client(f"http://127.0.0.1:{port}", TOKEN,
-                                  headers={"Host": f"127.0.0.1:{server.port}"}) as producer_client:
-                    with anyio.CancelScope() as cs:
-                        async with producer_client.reply(sid, interval=0.05) as r:
-                            answers.clear()
-                            r.write("said before the cancel")
-                            await until(lambda: _content(sl, sid, r.reply_id, "said before the cancel"))
-                            cs.cancel()
-                            await anyio.sleep_forever()
-                    assert cs.cancelled_caught
-                    answers.set()
+            async with held_answers(server) as (producer_client, answers):
+                with anyio.CancelScope() as cs:
+                    async with producer_client.reply(sid, interval=0.05) as r:
+                        answers.clear()
+                        r.write("said before the cancel")
+                        await until(lambda: _content(sl, sid, r.reply_id, "said before the cancel"))
+                        cs.cancel()
+                        await anyio.sleep_forever()
+                assert cs.cancelled_caught
+                answers.set()
             await until(lambda: _ended(sl, sid, r.reply_id))
             m = next(m for m in (await sl.get_session(sid)).messages if m.msg_id == r.reply_id)
             assert (m.status, m.content, m.metadata.get("aborted_reason")) == (

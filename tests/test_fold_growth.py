@@ -6,13 +6,21 @@ points: text at the end and rewound, token counts, trees, a finalize, a
 delete."""
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
 import msgspec
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress, SessionCreated
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.session import SessionState
+from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.stores import open_session_store
 
 ENC = msgspec.json.Encoder()
 
@@ -84,35 +92,43 @@ def test_a_growing_reply_keeps_its_text_tokens_and_tree_until_read() -> None:
     assert m.metadata == {"partial_tokens_used": {"input": 1, "output": 2}, "context_tree": {"a": 1}}
 
 
+
+@asynccontextmanager
+async def running(store: Any, sids: list[str]) -> AsyncIterator[tuple[dict[str, Any], dict[str, str | None]]]:
+    """A running message in each session (their handles), ended when the
+    block is left; then how each ended (its abort reason, None if not)."""
+    msgs: dict[str, Any] = {}
+    ended: dict[str, str | None] = {}
+    done = trio.Event()
+
+    async def one(sid: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with store.inflight(sid) as msg:
+            msgs[sid] = msg
+            task_status.started()
+            await done.wait()
+        ended[sid] = msg.abort_reason
+
+    async with trio.open_nursery() as n:
+        for sid in sids:
+            await n.start(one, sid)
+        try:
+            yield msgs, ended
+        finally:
+            done.set()
+
+
+ONE_SLOT = StoreConfig(progress_slots=1, progress_interval=3600, stall_timeout=3600)  # (ticks by hand)
+
+
 async def test_one_tick_appends_every_message_and_a_refused_one_stops_only_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The saver's tick is one append of all its messages' records
     (append_progress): a lone surrogate in one is written scrubbed, a
     message of a session deleted meanwhile ends "session deleted", and the
     others of the same tick are all written, each in order."""
-    import json
-
-    import trio
-
-    from sessionlog_store.server.config import StoreConfig
-    from sessionlog_store.server.stores import open_session_store
-
     root = str(tmp_path / "s")
-    config = StoreConfig(progress_slots=1, progress_interval=3600, stall_timeout=3600)
-    async with open_session_store(root, config=config) as store:
+    async with open_session_store(root, config=ONE_SLOT) as store:
         sids = [(await store.create_session(first_message="go"))[0].id for _ in range(4)]
-        msgs, ended = {}, {}
-        gone = trio.Event()
-
-        async def one(sid: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            async with store.inflight(sid) as msg:
-                msgs[sid] = msg
-                task_status.started()
-                await gone.wait()
-            ended[sid] = msg.abort_reason
-
-        async with trio.open_nursery() as n:
-            for sid in sids:
-                await n.start(one, sid)
+        async with running(store, sids) as (msgs, ended):
             for i, sid in enumerate(sids):
                 msgs[sid].write(f"first {i} ")
             msgs[sids[1]].write(json.loads('"\\ud83d"') + " half")
@@ -121,7 +137,6 @@ async def test_one_tick_appends_every_message_and_a_refused_one_stops_only_itsel
             for i, sid in enumerate(sids):
                 msgs[sid].write(f"then {i}")
             store.saver.flush_slot(0)
-            gone.set()
         assert ended[sids[2]] == "session deleted"
     async with open_session_store(root) as store:
         texts = {sid: (await store.load_session(sid)).messages[msgs[sid].msg_id].content
@@ -133,37 +148,20 @@ async def test_a_listener_that_raises_ends_only_its_message(tmp_path) -> None:  
     """A listener's bug on one message's record ends that message
     ("unwritable progress", as one append each did); the tick's other
     messages are appended and told, and the saver goes on."""
-    import trio
-
-    from sessionlog_store.server.config import StoreConfig
-    from sessionlog_store.server.stores import open_session_store
-
-    config = StoreConfig(progress_slots=1, progress_interval=3600, stall_timeout=3600)
-    async with open_session_store(str(tmp_path / "s"), config=config) as store:
+    async with open_session_store(str(tmp_path / "s"), config=ONE_SLOT) as store:
         sids = [(await store.create_session(first_message="go"))[0].id for _ in range(3)]
-        msgs, ended, told = {}, {}, []
-        done = trio.Event()
+        told: list[str] = []
 
         def bad(sid: str, rec: Record, end: int) -> None:
             if sid == sids[1] and type(rec.event) is MessageProgress:
                 raise RuntimeError("a listener's bug")
             told.append(sid)
 
-        async def one(sid: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            async with store.inflight(sid) as msg:
-                msgs[sid] = msg
-                task_status.started()
-                await done.wait()
-            ended[sid] = msg.abort_reason
-
-        async with trio.open_nursery() as n:
-            for sid in sids:
-                await n.start(one, sid)
+        async with running(store, sids) as (msgs, ended):
             store.es.listeners.append(bad)
             for sid in sids:
                 msgs[sid].write("text")
             store.saver.flush_slot(0)
             store.es.listeners.remove(bad)
-            done.set()
         assert ended == {sids[0]: None, sids[1]: "unwritable progress", sids[2]: None}
         assert told == [sids[0], sids[2]] and store.saver.failed is None

@@ -114,7 +114,8 @@ def decode_record(line: bytes) -> Record:
 # A stand-in for the events a registry-only replay does not need to read.
 PROGRESS_STANDIN: Final = MessageProgress(msg_id="")
 _TYPE_KEY: Final = b',"type":"'
-_PROGRESS_TAGS: Final = (b'p"', b'q"', b'message_progress"')
+_PROGRESS_TYPES: Final = frozenset({"p", "q", "message_progress"})  # (every spelling of a progress record)
+_PROGRESS_TAGS: Final = tuple(t.encode() + b'"' for t in _PROGRESS_TYPES)
 _UPGRADED: Final = (MessageProgressV1, MessageProgressQ)  # (read as a MessageProgress)
 
 
@@ -142,9 +143,7 @@ _HEADER: Final = itemgetter(slice(0, _HEADER_LEN))
 _BODY: Final = itemgetter(slice(_HEADER_LEN, None))
 _SEQ: Final = attrgetter("seq")
 _TS: Final = attrgetter("ts")
-_SEQ_OF: Final = itemgetter(0)  # (a Record's seq)
 _TYPE: Final = attrgetter("type")
-_PROGRESS_TYPES: Final = frozenset({"p", "q", "message_progress"})
 
 
 class _TaggedEnvelope(msgspec.Struct):
@@ -224,7 +223,7 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
     # The common case, a log of good records: all of them in one decode pass.
     fast = decode_lines(lines[:last], meta_only=meta_only) if last else []
     if fast is not None and (expect_seq is None
-                             or list(map(_SEQ_OF, fast)) == list(range(expect_seq, expect_seq + len(fast)))):
+                             or list(map(_SEQ, fast)) == list(range(expect_seq, expect_seq + len(fast)))):
         pos = len(data) - len(lines[last])
         return Scan(fast, base_offset + pos, len(data) - pos, None)
     records: list[Record] = []

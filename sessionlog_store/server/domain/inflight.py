@@ -222,15 +222,11 @@ class ThrottledSaver:
         slot = self.slots[k]  # cleared in place: each message keeps a reference to its slot
         dirty = list(slot)
         slot.clear()
-        may_write = self.may_write
         items: list[tuple[str, list[MessageProgress]]] = []
         owners: list[InflightMessage] = []
         now = trio.current_time()
         for msg in dirty:
-            msg.last_activity = now  # (written since the last tick)
-            if may_write is not None and not msg.finished and not may_write(msg):
-                continue  # (ended by may_write: its pending text is never written nor told)
-            events = msg.take_progress()
+            events = self._take(msg, now)
             if events:
                 items.append((msg.session_id, events))
                 owners.append(msg)
@@ -246,12 +242,19 @@ class ThrottledSaver:
 
     def _queue(self, msg: InflightMessage) -> None:
         """Append the message's progress records now."""
+        events = self._take(msg, trio.current_time())
+        if events:
+            self._append_each(msg, events)
+
+    def _take(self, msg: InflightMessage, now: float) -> list[MessageProgress]:
+        """The message's pending records (stamping its activity), or none:
+        ended by may_write, its pending text is never written nor told."""
         if self.may_write is not None and not msg.finished and not self.may_write(msg):
-            return  # (ended by may_write: its pending text is never written nor told)
+            return []
         events = msg.take_progress()
         if events:
-            msg.last_activity = trio.current_time()
-            self._append_each(msg, events)
+            msg.last_activity = now
+        return events
 
     def _refused(self, msg: InflightMessage, rest: list[MessageProgress], error: BaseException) -> None:
         """An append of the message's records refused `error` at `rest[0]`:
