@@ -13,8 +13,13 @@ Baselines (same machine, same run):
   (a) fsync per record: one write + fdatasync per progress record, no batching;
   (b) the spec's snapshot design: rewrite the whole message as JSON every 250 ms
       with temp file + fsync + rename (one writer thread, messages of ~8 KB);
-  (c) SQLite WAL, synchronous=FULL, the same records batched per 250 ms window.
-Each baseline's sustainable streams = its durable updates/s / 4.
+  (c) SQLite WAL, synchronous=FULL, the same records batched per 250 ms window
+      (a bare insert loop: the physical limit);
+  (d) the fair SQLite baseline (`--modes ...,sqlite`, on by default): this same
+      store, saver and fan-out with its records committed to SQLite, one
+      transaction per batch (bench/sqlite_store.py), run like ours.
+Each of (a)-(c)'s sustainable streams = its durable updates/s / 4; (d)'s
+and ours are the largest N kept up with every interval on time.
 """
 from __future__ import annotations
 
@@ -51,10 +56,16 @@ async def run_streams(root: str, n: int, seconds: float, per_task: bool, sync_mo
                       during: Any = None) -> dict[str, Any]:
     """`extra`: more StoreConfig fields (bench scaleout: a JetStream backend);
     `during(store, seconds)`: run alongside the measured window (a fault)."""
+    fair_sqlite = sync_mode == "sqlite"  # (issue 29 item 3: the same store on SQLite, bench/sqlite_store.py)
     config = StoreConfig(checkpoint_interval=3600, snapshot_interval=3600, stall_timeout=3600,
-                         sync_mode=sync_mode,  # type: ignore[arg-type]
+                         **({} if fair_sqlite else {"sync_mode": sync_mode}),  # type: ignore[arg-type]
                          **({} if slots is None else {"progress_slots": slots}), **(extra or {}))
-    async with open_session_store(root, config=config) as store:
+    if fair_sqlite:
+        from .sqlite_store import open_sqlite_store
+        opened = open_sqlite_store(root, config)
+    else:
+        opened = open_session_store(root, config=config)
+    async with opened as store:
         sids = []
         limiter = trio.CapacityLimiter(64)
 
@@ -219,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--per-task", action="store_true", help="one sleeping task per producer")
-    ap.add_argument("--modes", default="journal",
-                    help="comma-separated sync_mode[/slots] to run, e.g. journal,journal/1,auto/1")
+    ap.add_argument("--modes", default="journal,sqlite",
+                    help="comma-separated sync_mode[/slots] to run, e.g. journal,journal/1,auto/1; the first "
+                         "is judged, `sqlite` is the same store on SQLite (the fair baseline, bench/sqlite_store.py)")
     ap.add_argument("--profile", action="store_true",
                     help="profile the runs with pyinstrument (pip install pyinstrument) and print where the time goes")
     ap.add_argument("--ab", metavar="REV", default=None,
@@ -270,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
              "ours / it": ours / max(1e-9, sn * INTERVAL)},
             {"design": "(c) SQLite WAL FULL, batched", "durable updates/s": sq, "sustainable streams": sq * INTERVAL,
              "ours / it": ours / max(1e-9, sq * INTERVAL)}]
+    fair_rows = [r for r in rows if r["mode"].startswith("sqlite")]
+    if fair_rows:  # issue 29 item 3: the same store with its records committed to SQLite
+        fair = max([r["streams"] for r in fair_rows if r["kept up"] and r["on-time %"] >= 99] or [0])
+        base.append({"design": "(d) the same store on SQLite (fair)", "durable updates/s": fair / INTERVAL,
+                     "sustainable streams": fair, "ours / it": ours / max(1e-9, fair)})
     print(table("baselines, same run (sustainable streams = updates/s x 0.25 s)", base))
     # The issue's targets: 10,000 streams sustained with p99 <= 50 ms and >= 99 %
     # of intervals on time; 20,000 sustained (the largest N kept up is above).
@@ -284,7 +301,15 @@ def main(argv: list[str] | None = None) -> int:
         print(verdict(f"{n} streams: producer write() p99 us", top["write p99 us"], 50.0, higher_is_better=False))
     print(f"  largest N kept up and on time: {ours}")
     print(verdict("x snapshot design", ours / max(1e-9, sn * INTERVAL), 5.0))
-    print(verdict("x SQLite WAL", ours / max(1e-9, sq * INTERVAL), 1.0))
+    print(verdict("x SQLite WAL, bare insert loop (the physical limit)", ours / max(1e-9, sq * INTERVAL), 1.0))
+    if fair_rows:
+        print(verdict("x the same store on SQLite, sustainable streams", ours / max(1e-9, fair), 1.0))
+        both = sorted({r["streams"] for r in fair_rows} & {r["streams"] for r in main_rows})
+        for n in both:  # p99 at each N both ran: equal or better
+            a = next(r for r in main_rows if r["streams"] == n)
+            b = next(r for r in fair_rows if r["streams"] == n)
+            print(verdict(f"{n} streams: append-to-durable p99, ours / the same store on SQLite",
+                          a["durable p99 ms"] / max(1e-9, b["durable p99 ms"]), 1.0, higher_is_better=False))
     print("saved", save("throttle", {"rows": rows, "baselines": base, "runs": runs, "seconds": seconds,
                                      "mode": mode}))
     return 0
