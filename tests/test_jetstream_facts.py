@@ -87,6 +87,36 @@ def test_a_repeated_msg_id_is_stored_once(cluster):
     asyncio.run(main())
 
 
+def test_the_lean_publisher_answers_each_message_as_js_publish_would(cluster):
+    """natsio.Publisher (issue 29 item 4: the worker's publishes, answered on
+    one reply subscription) gives each message of a batch its own answer:
+    the ack with its stream sequence, a duplicate's, a refused fence as the
+    APIError the committer reads `err_code` from, and a subject no stream
+    takes as NoStreamResponseError, which the log retries."""
+    from sessionlog_store.eventstore.jetstream.natsio import publisher_of, unanswered
+
+    async def main() -> None:
+        nc, js = await _stream(cluster)
+        pub = publisher_of(js)
+        assert publisher_of(js) is pub
+        first = await pub.publish_all([("sl.p1", b"1", {"Nats-Msg-Id": "p1:1"}),
+                                       ("sl.p2", b"1", {"Nats-Expected-Last-Subject-Sequence": "0"})])
+        assert [a.seq for a in first] == [1, 2] and not first[0].duplicate, first
+        answers = await pub.publish_all([
+            ("sl.p1", b"1", {"Nats-Msg-Id": "p1:1"}),                        # a retry of a stored one
+            ("sl.p2", b"2", {"Nats-Expected-Last-Subject-Sequence": "1"}),    # a stale fence (its last is 2)
+            ("other.subject", b"3", {}),                                       # no stream takes it
+            ("sl.p2", b"4", {"Nats-Expected-Last-Subject-Sequence": "2"})])   # in order after the refused one
+        dup, refused, nobody, ok = answers
+        assert dup.duplicate and dup.seq == 1
+        assert getattr(refused, "err_code", None) in WRONG_LAST_SEQUENCE, refused
+        assert isinstance(nobody, nats.js.errors.NoStreamResponseError) and unanswered(nobody)
+        assert ok.seq == 3 and not ok.duplicate
+        assert (await js.stream_info("SL")).state.messages == 3
+        await nc.close()
+    asyncio.run(main())
+
+
 @pytest.mark.slow
 def test_killing_the_stream_leader_loses_no_acked_record(cluster):
     async def main() -> tuple[int, float]:

@@ -257,19 +257,21 @@ def test_an_interrupted_migration_is_finished_by_running_it_again(nats_cluster, 
 
     async def broken(self, session_id, data, *, after=0):  # type: ignore[no-untyped-def]
         import nats.errors
-        js, calls = self.js, [0]
-        publish = js.publish
 
-        async def second_fails(*a, **k):  # type: ignore[no-untyped-def]
+        from sessionlog_store.eventstore.jetstream.natsio import publisher_of
+        pub, calls = publisher_of(self.js), [0]
+        publish_all = pub.publish_all
+
+        async def second_fails(messages):  # type: ignore[no-untyped-def]
             calls[0] += 1
             if calls[0] == 2:
-                raise nats.errors.Error("the connection broke")
-            return await publish(*a, **k)
-        js.publish = second_fails
+                return [nats.errors.Error("the connection broke") for _ in messages]
+            return await publish_all(messages)
+        pub.publish_all = second_fails  # type: ignore[method-assign]
         try:
             return await real(self, session_id, data, after=after)
         finally:
-            js.publish = publish
+            pub.publish_all = publish_all  # type: ignore[method-assign]
     imports.import_log = broken
     try:
         first = trio.run(local_to_stream, OS_FILES, root, target)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
+import msgspec
 import trio
 
 from ..errors import StoreBroken
@@ -154,6 +155,114 @@ def default_prefix(stream: str) -> str:
     return f"sl.{stream}"
 
 
+class _AckError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _PubAck(msgspec.Struct):
+    """A publish's answer (nats-py's api.PubAck's fields that are read: `seq`)."""
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    error: _AckError | None = None
+
+
+_ACK = msgspec.json.Decoder(_PubAck)
+
+
+def _api_error(err: _AckError) -> Exception:
+    """nats-py's exception for an error answer (its from_error raises it)."""
+    import nats.js.errors
+    try:
+        nats.js.errors.APIError.from_error(msgspec.structs.asdict(err))
+    except nats.js.errors.APIError as e:
+        return e
+    raise AssertionError("unreachable")
+
+
+class Publisher:
+    """JetStream publishes whose answers come to one reply subscription of
+    the connection (issue 29 item 4): a publish is a core publish with a
+    reply subject of this publisher's, and a batch waits for its answers
+    with one timeout. nats-py's `js.publish` is a request a message (a
+    timer each, its answer decoded twice into a dataclass: ~50 us of the
+    worker's CPU a message, measured), and its `publish_async` leaves a
+    future unresolved on an error answer. One per JetStream context
+    (`publisher_of`), on the asyncio loop."""
+
+    def __init__(self, nc: Any, timeout: float) -> None:
+        self.nc, self.timeout = nc, timeout
+        self._prefix = ""
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
+        self._n = 0
+
+    async def _on_answer(self, msg: Any) -> None:
+        fut = self._waiting.pop(msg.subject[len(self._prefix):], None)
+        if fut is None or fut.done():
+            return
+        if not msg.data and msg.headers and msg.headers.get("Status") == "503":  # no stream took it
+            import nats.js.errors
+            fut.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            ack = _ACK.decode(msg.data)
+        except msgspec.DecodeError as e:
+            fut.set_exception(StoreBroken(f"a JetStream answer that does not decode: {e}: {msg.data[:200]!r}"))
+            return
+        if ack.error is not None:
+            fut.set_exception(_api_error(ack.error))
+        else:
+            fut.set_result(ack)
+
+    async def publish_all(self, messages: list[tuple[str, bytes, dict[str, str]]]) -> list[Any]:
+        """Publish every (subject, data, headers) in order; each one's answer
+        or exception (nats.errors.TimeoutError: none within the timeout)."""
+        import nats.errors
+        nc = self.nc
+        if not self._prefix:
+            self._prefix = nc.new_inbox() + "."
+            await nc.subscribe(self._prefix + "*", cb=self._on_answer, pending_msgs_limit=10_000_000,
+                               pending_bytes_limit=1 << 30)
+        loop = asyncio.get_running_loop()
+        keys: list[str] = []
+        futures: list[asyncio.Future[Any]] = []
+        for subject, data, headers in messages:
+            self._n += 1
+            key = str(self._n)
+            fut = loop.create_future()
+            self._waiting[key] = fut
+            keys.append(key)
+            futures.append(fut)
+            try:
+                await nc.publish(subject, data, reply=self._prefix + key, headers=headers)
+            except Exception as e:  # noqa: BLE001 - that message's answer (a reconnect: sent again)
+                self._waiting.pop(key, None)
+                fut.set_exception(e)
+        if futures:
+            await asyncio.wait(futures, timeout=self.timeout)
+        out: list[Any] = []
+        for key, fut in zip(keys, futures):
+            if not fut.done():
+                self._waiting.pop(key, None)
+                fut.cancel()
+                out.append(nats.errors.TimeoutError())
+            else:
+                out.append(fut.exception() or fut.result())
+        return out
+
+
+def publisher_of(js: Any) -> Publisher:
+    """The JetStream context's Publisher (made on first use, with the
+    context's connection and request timeout)."""
+    pub = getattr(js, "_sessionlog_publisher", None)
+    if pub is None:
+        pub = Publisher(js._nc, js._timeout)
+        js._sessionlog_publisher = pub
+    return pub
+
+
 async def publish_answered(js: Any, messages: list[tuple[str, bytes, dict[str, str]]], retry_for: float,
                            retried: Callable[[int], None]) -> list[Any]:
     """Publish every (subject, data, headers) at once; those not answered,
@@ -162,9 +271,9 @@ async def publish_answered(js: Any, messages: list[tuple[str, bytes, dict[str, s
     have passed. Returns each one's ack or exception (on the asyncio loop)."""
     acks: list[Any] = [None] * len(messages)
     todo, deadline = list(range(len(messages))), time.monotonic() + retry_for
+    publisher = publisher_of(js)
     while True:
-        got = await asyncio.gather(*(js.publish(messages[i][0], messages[i][1], headers=messages[i][2])
-                                     for i in todo), return_exceptions=True)
+        got = await publisher.publish_all([messages[i] for i in todo])
         for i, ack in zip(todo, got):
             acks[i] = ack
         todo = [i for i in todo if isinstance(acks[i], BaseException) and unanswered(acks[i])]
