@@ -31,6 +31,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 import trio
@@ -171,6 +172,29 @@ async def run_streams(root: str, n: int, seconds: float, per_task: bool, sync_mo
     }
 
 
+def log_writeback() -> None:
+    """Issue 29 item 2's candidate, measured and not adopted (bench/README.md):
+    the log writer starts each log's writeback itself right after writing it
+    (sync_file_range(2), SYNC_FILE_RANGE_WRITE), so that a round's syncfs
+    finds little left to write. Patched into this process's LogFiles."""
+    import ctypes
+
+    from sessionlog_store.eventstore.local import logfiles
+    from sessionlog_store.eventstore.local.fsio import FileOps
+    start = ctypes.CDLL(None, use_errno=True).sync_file_range
+    start.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+
+    class WritingBack(FileOps):
+        def write(self, fd: int, data: bytes) -> None:
+            super().write(fd, data)
+            start(fd, 0, 0, 2)
+    init = logfiles.LogFiles.__init__
+
+    def patched(self: Any, fs: FileOps, root: str, max_open: int) -> None:
+        init(self, WritingBack(), root, max_open)
+    logfiles.LogFiles.__init__ = patched  # type: ignore[method-assign]
+
+
 def baseline_fsync(root: str, seconds: float) -> float:
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, "a.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -237,12 +261,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="profile the runs with pyinstrument (pip install pyinstrument) and print where the time goes")
     ap.add_argument("--ab", metavar="REV", default=None,
                     help="a same-run A/B of CPU per record against a worktree of REV (bench/ab.py)")
+    ap.add_argument("--round-interval", type=float, default=None,
+                    help="the journal's rounds (logs synced, segments removed) this often, s (StoreConfig."
+                         "journal_sync_interval; issue 29 item 2)")
+    ap.add_argument("--log-writeback", action="store_true",
+                    help="the log writer starts each log's writeback after its write (a candidate of issue 29 "
+                         "item 2, measured and not adopted)")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # (one run; its row as JSON)
     a = ap.parse_args(argv)
     if a.one is not None:
         return one(a.one, a.seconds or 8.0, a.modes.split(",")[0])
     if a.ab is not None:
         return ab_main(a)
+    if a.log_writeback:
+        log_writeback()
     counts = [int(x) for x in (a.streams or ("1000,5000" if a.quick else "1000,5000,10000")).split(",")]
     seconds = a.seconds or (5.0 if a.quick else 10.0)
     runs = a.runs or (1 if a.quick else 3)
@@ -258,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                         from pyinstrument import Profiler
                         prof = Profiler(interval=0.001)
                         prof.start()
-                    rs.append(trio.run(run_streams, root, n, seconds, a.per_task, sync_mode,
+                    extra = None if a.round_interval is None or sync_mode == "sqlite" else \
+                        {"journal_sync_interval": a.round_interval}
+                    rs.append(trio.run(partial(run_streams, extra=extra), root, n, seconds, a.per_task, sync_mode,
                                        int(slots) if slots else None))
                     if a.profile:
                         prof.stop()
