@@ -19,7 +19,8 @@ Baselines (same machine, same run):
       store, saver and fan-out with its records committed to SQLite, one
       transaction per batch (bench/sqlite_store.py), run like ours.
 Each of (a)-(c)'s sustainable streams = its durable updates/s / 4; (d)'s
-and ours are the largest N kept up with every interval on time.
+and ours are the largest N sustained: kept up, every interval on time,
+and append -> durable p99 within the interval (`sustained`).
 """
 from __future__ import annotations
 
@@ -172,6 +173,14 @@ async def run_streams(root: str, n: int, seconds: float, per_task: bool, sync_mo
     }
 
 
+def sustained(row: dict[str, Any]) -> bool:
+    """N streams sustained: every record taken (kept up), every interval on
+    time, and append -> durable p99 within the interval: the durability
+    promise (a crash loses at most ~one interval). A store that keeps up
+    with its records a second late does not sustain them."""
+    return bool(row["kept up"]) and row["on-time %"] >= 99 and row["durable p99 ms"] <= INTERVAL * 1e3
+
+
 def log_writeback() -> None:
     """Issue 29 item 2's candidate, measured and not adopted (bench/README.md):
     the log writer starts each log's writeback itself right after writing it
@@ -307,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = "one task per producer" if a.per_task else "one driver task"
     print(table(f"throttle path ({mode}), median of {runs} run(s) of {seconds}s, interval {INTERVAL}s", rows))
     main_rows = [r for r in rows if r["mode"] == rows[0]["mode"]]  # the first mode is judged
-    ours = max([r["streams"] for r in main_rows if r["kept up"] and r["on-time %"] >= 99] or [0])
-    base = [{"design": "sessionlog (largest N kept up, on time)", "durable updates/s": ours / INTERVAL,
+    ours = max([r["streams"] for r in main_rows if sustained(r)] or [0])
+    base = [{"design": "sessionlog (largest N sustained)", "durable updates/s": ours / INTERVAL,
              "sustainable streams": ours, "ours / it": 1.0},
             {"design": "(a) fsync per record", "durable updates/s": fs, "sustainable streams": fs * INTERVAL,
              "ours / it": ours / max(1e-9, fs * INTERVAL)},
@@ -318,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
              "ours / it": ours / max(1e-9, sq * INTERVAL)}]
     fair_rows = [r for r in rows if r["mode"].startswith("sqlite")]
     if fair_rows:  # issue 29 item 3: the same store with its records committed to SQLite
-        fair = max([r["streams"] for r in fair_rows if r["kept up"] and r["on-time %"] >= 99] or [0])
+        fair = max([r["streams"] for r in fair_rows if sustained(r)] or [0])
         base.append({"design": "(d) the same store on SQLite (fair)", "durable updates/s": fair / INTERVAL,
                      "sustainable streams": fair, "ours / it": ours / max(1e-9, fair)})
     print(table("baselines, same run (sustainable streams = updates/s x 0.25 s)", base))
@@ -333,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         print(verdict(f"{n} streams: on-time intervals %", top["on-time %"], 99.0))
         print(verdict(f"{n} streams: append-to-durable p99 ms", top["durable p99 ms"], 50.0, higher_is_better=False))
         print(verdict(f"{n} streams: producer write() p99 us", top["write p99 us"], 50.0, higher_is_better=False))
-    print(f"  largest N kept up and on time: {ours}")
+    print(f"  largest N sustained (kept up, on time, p99 within the interval): {ours}")
+    for label, rs in (("this store", main_rows), ("the same store on SQLite", fair_rows)):
+        if rs:
+            print(f"  largest N kept up by throughput alone, {label}: "
+                  f"{max([r['streams'] for r in rs if r['kept up'] and r['on-time %'] >= 99] or [0])}")
     print(verdict("x snapshot design", ours / max(1e-9, sn * INTERVAL), 5.0))
     print(verdict("x SQLite WAL, bare insert loop (the physical limit)", ours / max(1e-9, sq * INTERVAL), 1.0))
     if fair_rows:

@@ -187,8 +187,9 @@ class Publisher:
     the connection (issue 29 item 4): a publish is a core publish with a
     reply subject of this publisher's, and a batch waits for its answers
     with one timeout. nats-py's `js.publish` is a request a message (a
-    timer each, its answer decoded twice into a dataclass: ~50 us of the
-    worker's CPU a message, measured), and its `publish_async` leaves a
+    timer each, its answer decoded into a dict, then a dataclass: ~60 us of
+    the worker's CPU a message where this takes ~20, measured in bench/README.md),
+    and its `publish_async` leaves a
     future unresolved on an error answer. One per JetStream context
     (`publisher_of`), on the asyncio loop."""
 
@@ -228,29 +229,27 @@ class Publisher:
         loop = asyncio.get_running_loop()
         keys: list[str] = []
         futures: list[asyncio.Future[Any]] = []
-        for subject, data, headers in messages:
-            self._n += 1
-            key = str(self._n)
-            fut = loop.create_future()
-            self._waiting[key] = fut
-            keys.append(key)
-            futures.append(fut)
-            try:
-                await nc.publish(subject, data, reply=self._prefix + key, headers=headers)
-            except Exception as e:  # noqa: BLE001 - that message's answer (a reconnect: sent again)
-                self._waiting.pop(key, None)
-                fut.set_exception(e)
-        if futures:
-            await asyncio.wait(futures, timeout=self.timeout)
-        out: list[Any] = []
-        for key, fut in zip(keys, futures):
-            if not fut.done():
+        try:
+            for subject, data, headers in messages:
+                self._n += 1
+                key = str(self._n)
+                fut = loop.create_future()
+                self._waiting[key] = fut
+                keys.append(key)
+                futures.append(fut)
+                try:
+                    await nc.publish(subject, data, reply=self._prefix + key, headers=headers)
+                except Exception as e:  # noqa: BLE001 - that message's answer (a reconnect: sent again)
+                    self._waiting.pop(key, None)
+                    fut.set_exception(e)
+            if futures:
+                await asyncio.wait(futures, timeout=self.timeout)
+            return [(fut.exception() or fut.result()) if fut.done() else nats.errors.TimeoutError()
+                    for fut in futures]
+        finally:  # (answered, timed out or cancelled: nothing of this batch is waited for any more)
+            for key, fut in zip(keys, futures):
                 self._waiting.pop(key, None)
                 fut.cancel()
-                out.append(nats.errors.TimeoutError())
-            else:
-                out.append(fut.exception() or fut.result())
-        return out
 
 
 def publisher_of(js: Any) -> Publisher:
