@@ -117,6 +117,30 @@ def test_the_lean_publisher_answers_each_message_as_js_publish_would(cluster):
     asyncio.run(main())
 
 
+def test_an_answer_without_a_stream_sequence_is_not_taken_for_a_stored_message():
+    """Only a server's answer with a stream and a sequence acknowledges a
+    message (a stray `{}` on the reply subject would otherwise mark a batch
+    durable that nothing stored)."""
+    from types import SimpleNamespace
+
+    from sessionlog_store.eventstore.errors import StoreBroken
+    from sessionlog_store.eventstore.jetstream.natsio import Publisher
+
+    async def main() -> None:
+        pub = Publisher(None, 1.0)
+        pub._prefix = "_INBOX.x."
+        loop = asyncio.get_running_loop()
+        answers = [b"{}", b'{"stream":"SL"}', b'{"stream":"SL","seq":7,"duplicate":true}']
+        futures = [loop.create_future() for _ in answers]
+        for i, (data, fut) in enumerate(zip(answers, futures)):
+            pub._waiting[str(i)] = fut
+            await pub._on_answer(SimpleNamespace(subject=f"_INBOX.x.{i}", data=data, headers=None))
+        assert all(isinstance(f.exception(), StoreBroken) for f in futures[:2])
+        assert futures[2].result().seq == 7 and futures[2].result().duplicate
+        assert not pub._waiting
+    asyncio.run(main())
+
+
 @pytest.mark.slow
 def test_killing_the_stream_leader_loses_no_acked_record(cluster):
     async def main() -> tuple[int, float]:

@@ -123,7 +123,9 @@ def unanswered(error: BaseException) -> bool:
     import nats.js.errors
     return (isinstance(error, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
                                nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError,
-                               nats.js.errors.ServiceUnavailableError))
+                               nats.js.errors.ServiceUnavailableError,
+                               # (a reconnect's buffer full: not sent, so sent again safely)
+                               nats.errors.OutboundBufferLimitError))
             or getattr(error, "err_code", None) in _NOT_NOW)
 
 
@@ -214,6 +216,8 @@ class Publisher:
             return
         if ack.error is not None:
             fut.set_exception(_api_error(ack.error))
+        elif ack.seq <= 0 or not ack.stream:  # (no server answers so: not taken for a stored message)
+            fut.set_exception(StoreBroken(f"a JetStream answer with no stream sequence: {msg.data[:200]!r}"))
         else:
             fut.set_result(ack)
 
@@ -222,10 +226,15 @@ class Publisher:
         or exception (nats.errors.TimeoutError: none within the timeout)."""
         import nats.errors
         nc = self.nc
-        if not self._prefix:
-            self._prefix = nc.new_inbox() + "."
-            await nc.subscribe(self._prefix + "*", cb=self._on_answer, pending_msgs_limit=10_000_000,
-                               pending_bytes_limit=1 << 30)
+        if not self._prefix:  # (unset again if the subscribe fails: tried anew by the next batch)
+            prefix = nc.new_inbox() + "."
+            self._prefix = prefix
+            try:
+                await nc.subscribe(prefix + "*", cb=self._on_answer, pending_msgs_limit=10_000_000,
+                                   pending_bytes_limit=1 << 30)
+            except BaseException:
+                self._prefix = ""
+                raise
         loop = asyncio.get_running_loop()
         keys: list[str] = []
         futures: list[asyncio.Future[Any]] = []
@@ -249,6 +258,8 @@ class Publisher:
         finally:  # (answered, timed out or cancelled: nothing of this batch is waited for any more)
             for key, fut in zip(keys, futures):
                 self._waiting.pop(key, None)
+                if fut.done() and not fut.cancelled():
+                    fut.exception()  # (retrieved: no "never retrieved" warning on a cancel)
                 fut.cancel()
 
 
