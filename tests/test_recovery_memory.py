@@ -33,3 +33,25 @@ async def test_rows_share_their_strings_and_a_bad_entry_replays_its_session_alon
     assert rows[0].source is rows[2].source and rows[0].status is rows[1].status and rows[0].owner is rows[2].owner
     assert [r.preview for r in rows] == [f"hello {i}" for i in range(3)]
     assert os.path.exists(index_path(root))
+
+
+def test_what_a_start_freed_goes_back_to_the_system() -> None:
+    """tune_gc (called once a store has recovered) ends with trim_heap: free
+    pages the C heap kept between live blocks go back to the system (a
+    start's decoding leaves such holes: ~7 MB of RSS at 100,000 sessions).
+    In a fresh process: 200 MB of ~1 KB blocks, one in a hundred kept."""
+    import subprocess
+    import sys
+    probe = (
+        "from sessionlog_store.server.gc_policy import trim_heap\n"
+        "rss = lambda: int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) // 1024\n"
+        "blocks = [bytes(1000 + i % 7) for i in range(200_000)]\n"
+        "kept = blocks[::100]\n"
+        "del blocks\n"
+        "before = rss()\n"
+        "trim_heap()\n"
+        "print(before, rss(), len(kept))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    before, after, _ = map(int, out.stdout.split())
+    assert before - after > 100, (before, after)

@@ -20,11 +20,25 @@ GEN0_THRESHOLD: Final = 50_000
 
 
 def tune_gc() -> None:
-    """Call once the store has recovered: freeze what exists, collect less often."""
+    """Call once the store has recovered: freeze what exists, collect less
+    often, and give back what the start's decoding left free (trim_heap)."""
     gc.collect()
     gc.freeze()
     _, g1, g2 = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, g1, g2)
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's
+    `malloc_trim`): a start decodes the checkpoint and the logs' tails, and
+    what it freed stays with the heap between the rows that live on (~7 MB
+    of a 100,000-session start's RSS, issue 29). A no-op without glibc."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @contextmanager
