@@ -22,10 +22,10 @@ from contextlib import asynccontextmanager
 import trio
 
 from sessionlog_store.eventstore.backend import Appended, CommitStatistics, EventLog, Failed, RecordListener
-from sessionlog_store.eventstore.errors import (CorruptRecord, MessageFinished, SessionExists, StoreBroken,
-                                                StoreClosed, UnknownSession)
-from sessionlog_store.eventstore.events import Event, MessageFinalized, MessageProgress, SessionDeleted
+from sessionlog_store.eventstore.errors import CorruptRecord, SessionExists, StoreBroken, StoreClosed, UnknownSession
+from sessionlog_store.eventstore.events import Event
 from sessionlog_store.eventstore.ids import validate_session_id
+from sessionlog_store.eventstore.jetstream.session import StreamSession
 from sessionlog_store.eventstore.local.fsio import OS_FILES
 from sessionlog_store.eventstore.local.projects import LocalProjectLog
 from sessionlog_store.eventstore.record import Record, encode_line, progress_time, scan
@@ -34,15 +34,6 @@ from sessionlog_store.projections.session import SessionState
 from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.store import SessionStore, running
 from sessionlog_store.server.domain.titles import KeywordTitler
-
-
-class _Session:
-    __slots__ = ("last_seq", "durable_seq", "end", "deleted", "finished")
-
-    def __init__(self) -> None:
-        self.last_seq = self.durable_seq = self.end = 0
-        self.deleted = False
-        self.finished: set[str] = set()
 
 
 class _Batch:
@@ -69,7 +60,7 @@ class SqliteLog:
         self.failure_listeners: list = []
         self.quarantined: set[str] = set()
         self.journal = None
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, StreamSession] = {}
         self._batch = _Batch()
         self._committing: _Batch | None = None
         self._wake = trio.Event()
@@ -91,12 +82,12 @@ class SqliteLog:
     # -- what the store asks -------------------------------------------------
     def __contains__(self, session_id: str) -> bool:
         s = self._sessions.get(session_id)
-        return s is not None and not s.deleted
+        return s is not None and not s.tombstoned
 
     def session_ids(self) -> list[str]:
-        return [sid for sid, s in self._sessions.items() if not s.deleted]
+        return [sid for sid, s in self._sessions.items() if not s.tombstoned]
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str) -> StreamSession:
         s = self._sessions.get(session_id)
         if s is None:
             raise UnknownSession(session_id)
@@ -143,12 +134,8 @@ class SqliteLog:
             raise StoreClosed("the event log is closed")
 
     # -- appends -------------------------------------------------------------
-    def _add(self, session_id: str, sess: _Session, events: Sequence[Event], ts: float) -> list[Appended]:
-        if sess.deleted:
-            raise UnknownSession(session_id)
-        for ev in events:
-            if type(ev) in (MessageProgress, MessageFinalized) and ev.msg_id in sess.finished:  # type: ignore[union-attr]
-                raise MessageFinished(session_id, ev.msg_id)  # type: ignore[union-attr]
+    def _add(self, session_id: str, sess: StreamSession, events: Sequence[Event], ts: float) -> list[Appended]:
+        sess.check_writable(session_id, events)  # (the JetStream log's rules: nothing after a finalize or tombstone)
         ts_repr = b"%r" % ts
         lines = [encode_line(sess.last_seq + i, ts_repr, ev) for i, ev in enumerate(events, 1)]
         batch = self._batch
@@ -159,10 +146,7 @@ class SqliteLog:
             sess.last_seq += 1
             sess.end += len(line)
             batch.rows.append((session_id, sess.last_seq, line))
-            if type(ev) is MessageFinalized:
-                sess.finished.add(ev.msg_id)
-            elif type(ev) is SessionDeleted:
-                sess.deleted = True
+            sess.took(ev)
             rec = Record(sess.last_seq, ts, ev)
             for listener in self.listeners:
                 listener(session_id, rec, sess.end)
@@ -179,7 +163,7 @@ class SqliteLog:
         validate_session_id(session_id)
         if session_id in self._sessions:
             raise SessionExists(f"session {session_id!r} already exists")
-        self._sessions[session_id] = sess = _Session()
+        self._sessions[session_id] = sess = StreamSession()
         out = self._add(session_id, sess, events, time.time())
         await self.wait_durable(session_id, sess.last_seq)
         return out

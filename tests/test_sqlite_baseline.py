@@ -31,16 +31,15 @@ class TestSqliteBaselineLog(EventLogContract):
 
 
 async def test_a_store_on_the_baseline_streams_a_reply_into_the_table(tmp_path):
-    config = StoreConfig(progress_interval=0.05)
+    config = StoreConfig()
     async with open_sqlite_store(str(tmp_path / "s"), config) as store:
         meta, _ = await store.create_session(first_message="go")
         async with store.inflight(meta.id) as msg:
             for part in ("one ", "two ", "three"):
                 msg.write(part)
+                store.saver.flush(msg)  # (its progress record appended now, not at the next tick)
                 with trio.fail_after(10):
-                    while store.es.durable_seq(meta.id) < store.es.last_seq(meta.id) or \
-                            store.es.last_seq(meta.id) < 3:
-                        await trio.sleep(0.01)
+                    await store.es.flush()  # durable: committed to the table
         state = await store.keeper.read_state(meta.id)
         assert [m.content for m in state.messages.values()][-1] == "one two three"
     db = sqlite3.connect(str(tmp_path / "s" / "records.db"))
