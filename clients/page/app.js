@@ -64,6 +64,8 @@ const state = {
   running: [],                // list_running, across sessions
   draftProject: "default",
   renameFor: null,            // the session a rename field is open for
+  renameFrom: null,           // what had the focus when the rename opened (it gets it back)
+  rowFocus: null,             // the chat row last focused (the list's one Tab stop)
 };
 window.sessionlog = state;    // for tests and the curious
 
@@ -347,29 +349,65 @@ function timeEl(seconds) {
   return el("time", { datetime: at.toISOString(), title: at.toLocaleString() }, ago(seconds));
 }
 
-function renderSidebar() {
-  const ul = $("sessions");
+// The list is updated in place: a row keeps its element (and so the focus
+// and the list's scroll) across every update, and only a row whose drawn
+// fields changed is redrawn. One row is in the Tab order (roving tabindex):
+// arrow keys, Home and End move through the list.
+const rowNodes = new Map();   // session id -> its <li>
+let noneNode = null;          // the "No chats…" line
+
+function visibleRows() {
   const q = state.search.trim().toLowerCase();
   const rows = [...state.sessions.values()].filter((r) =>
     (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived))
     && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
   rows.sort((a, b) => (b.pinned - a.pinned) || (b.updated_at - a.updated_at) || (a.id < b.id ? -1 : 1));
-  const items = rows.map((r) => el("li", { "data-id": r.id, class: r.id === state.current ? "current" : null },
-    el("button", { class: "row", type: "button", "aria-current": r.id === state.current ? "page" : null,
-                   onclick: () => openSession(r.id) },
-      el("span", { class: "row-title" }, r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
-        ...displayTitle(r),
-        r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
-        r.archived ? el("span", { class: "badge archived" }, "archived") : null,
-        r.damaged ? el("span", { class: "badge error" }, "damaged") : null),
-      el("span", { class: "row-preview" }, r.preview || "no messages yet"),
-      el("span", { class: "row-time" }, ago(r.updated_at)))));
-  if (!items.length) {
-    const why = q ? `No chats match “${state.search.trim()}”.` : state.view === "archived" ? "No archived chats."
-      : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
-    items.push(el("li", { class: "none" }, why));
+  return rows;
+}
+
+function rowNode(r) {
+  let li = rowNodes.get(r.id);
+  if (!li) {
+    li = el("li", { "data-id": r.id },
+      el("button", { class: "row", type: "button", tabindex: "-1", onclick: () => openSession(r.id) }));
+    rowNodes.set(r.id, li);
   }
-  ul.replaceChildren(...items);
+  const current = r.id === state.current;
+  const when = ago(r.updated_at);
+  const sig = JSON.stringify([rowName(r), r.source, r.preview, r.pinned, r.status, r.archived, r.damaged, current, when]);
+  if (li._sig === sig) return li;
+  li._sig = sig;
+  li.className = current ? "current" : "";
+  const b = li.firstChild;
+  if (current) b.setAttribute("aria-current", "page"); else b.removeAttribute("aria-current");
+  b.replaceChildren(
+    el("span", { class: "row-title" }, r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
+      ...displayTitle(r),
+      r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
+      r.archived ? el("span", { class: "badge archived" }, "archived") : null,
+      r.damaged ? el("span", { class: "badge error" }, "damaged") : null),
+    el("span", { class: "row-preview" }, r.preview || "no messages yet"),
+    el("span", { class: "row-time" }, when));
+  return li;
+}
+
+function renderSidebar() {
+  const ul = $("sessions");
+  const focused = document.activeElement;
+  for (const [id, li] of rowNodes) if (!state.sessions.has(id)) { rowNodes.delete(id); li.remove(); }
+  const want = visibleRows().map(rowNode);
+  if (!want.length) {
+    const q = state.search.trim();
+    const why = q ? `No chats match “${q}”.` : state.view === "archived" ? "No archived chats."
+      : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
+    noneNode ??= el("li", { class: "none" });
+    if (noneNode.textContent !== why) noneNode.textContent = why;
+    want.push(noneNode);
+  }
+  want.forEach((n, i) => { if (ul.children[i] !== n) ul.insertBefore(n, ul.children[i] || null); });
+  while (ul.children.length > want.length) ul.lastChild.remove();
+  if (focused && focused !== document.activeElement && focused.isConnected) focused.focus({ preventScroll: true });
+  rovingStop();
   for (const b of $("views").children) {
     const on = b.dataset.view === state.view;
     b.setAttribute("aria-selected", String(on));
@@ -377,6 +415,34 @@ function renderSidebar() {
     if (on) $("session-panel").setAttribute("aria-labelledby", b.id);
   }
 }
+
+// The one row in the Tab order: the focused one, else the last one focused,
+// else the open chat's, else the first.
+function rovingStop() {
+  const rows = [...$("sessions").querySelectorAll("button.row")];
+  const pick = rows.find((b) => b === document.activeElement)
+    || rows.find((b) => b.parentNode.dataset.id === state.rowFocus)
+    || rows.find((b) => b.parentNode.dataset.id === state.current) || rows[0];
+  for (const b of rows) { const t = b === pick ? 0 : -1; if (b.tabIndex !== t) b.tabIndex = t; }
+  return pick;
+}
+
+$("sessions").addEventListener("focusin", (ev) => {
+  const li = ev.target.closest("li[data-id]");
+  if (li) { state.rowFocus = li.dataset.id; rovingStop(); }
+});
+$("sessions").addEventListener("keydown", (ev) => {
+  const keys = { ArrowDown: 1, ArrowUp: -1, Home: -Infinity, End: Infinity };
+  if (!(ev.key in keys) || ev.altKey || ev.ctrlKey || ev.metaKey) return;
+  const rows = [...$("sessions").querySelectorAll("button.row")];
+  if (!rows.length) return;
+  ev.preventDefault();
+  const i = rows.indexOf(document.activeElement.closest("button.row"));
+  const step = keys[ev.key];
+  const j = Number.isFinite(step) ? Math.max(0, Math.min(rows.length - 1, i + step)) : step < 0 ? 0 : rows.length - 1;
+  rows[j].focus();
+  rows[j].scrollIntoView({ block: "nearest" });
+});
 
 function renderRunning() {
   const btn = $("running-btn"), list = $("running-list");
@@ -477,7 +543,22 @@ function drawNode(m, node = state.nodes.get(m.msg_id)) {
     else bubble.textContent = m.content;
     node._content = m.content;
   }
-  node.querySelector(".meta").replaceChildren(...metaParts(m, reason));
+  const meta = node.querySelector(".meta");
+  const key = meta.contains(document.activeElement) && document.activeElement.dataset.key;
+  meta.replaceChildren(...metaParts(m, reason));
+  if (key) focusControl(m.msg_id, key);  // a redrawn control keeps the focus
+}
+
+// Focus a message's control by its key (prev, next, stop, retry); a
+// disabled one hands the focus to its neighbour, never to the page.
+function focusControl(msgId, key) {
+  const node = state.nodes.get(msgId);
+  const order = { prev: ["prev", "next"], next: ["next", "prev"], stop: ["stop", "retry"], retry: ["retry", "stop"] }[key] || [key];
+  for (const k of order) {
+    const b = node?.querySelector(`.meta [data-key="${k}"]`);
+    if (b && !b.disabled) { b.focus({ preventScroll: true }); return true; }
+  }
+  return false;
 }
 
 function metaParts(m, reason) {
@@ -490,16 +571,17 @@ function metaParts(m, reason) {
   if (sibs.length > 1) {
     const i = sibs.indexOf(m.msg_id);
     controls.push(el("span", { class: "branches", role: "group", "aria-label": "versions of this reply" },
-      el("button", { type: "button", "aria-label": "previous version", disabled: i <= 0,
-                     onclick: () => switchBranch(sibs[i - 1]) }, "‹"),
+      el("button", { type: "button", "aria-label": "previous version", disabled: i <= 0, "data-key": "prev",
+                     onclick: () => switchBranch(sibs[i - 1], "prev") }, "‹"),
       el("span", { class: "branch-pos" }, `${i + 1}/${sibs.length}`),
-      el("button", { type: "button", "aria-label": "next version", disabled: i >= sibs.length - 1,
-                     onclick: () => switchBranch(sibs[i + 1]) }, "›")));
+      el("button", { type: "button", "aria-label": "next version", disabled: i >= sibs.length - 1, "data-key": "next",
+                     onclick: () => switchBranch(sibs[i + 1], "next") }, "›")));
   }
   if (m.role === "assistant" && isOpen(m)) {
-    controls.push(el("button", { class: "stop", type: "button", onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
+    controls.push(el("button", { class: "stop", type: "button", "data-key": "stop",
+                                 onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
   } else if (m.role === "assistant") {
-    controls.push(el("button", { class: "retry", type: "button", onclick: () => retry(m.msg_id) },
+    controls.push(el("button", { class: "retry", type: "button", "data-key": "retry", onclick: () => retry(m.msg_id) },
       m.status === "done" ? "Regenerate" : "Retry"));
   }
   if (controls.length) out.push(el("div", { class: "controls" }, ...controls));
@@ -581,9 +663,10 @@ async function retry(msgId) {
   if (r) await openSession(state.current, { keep: true });
 }
 
-async function switchBranch(msgId) {
+async function switchBranch(msgId, key) {
   const r = await act("switch_branch", { msg_id: msgId });
   if (r) await openSession(state.current, { keep: true });
+  if (key && !focusControl(msgId, key)) $("input").focus();  // the button pressed went with its branch
 }
 
 async function send(text) {
@@ -618,7 +701,7 @@ function openDrawer() {
   document.body.classList.add("drawer-open");
   $("scrim").hidden = false;
   $("menu-btn").setAttribute("aria-expanded", "true");
-  $("sessions").querySelector("button")?.focus();
+  rovingStop()?.focus();
 }
 
 function closeDrawer() {
@@ -629,7 +712,18 @@ function closeDrawer() {
 }
 
 function closeRename() {
-  $("title-input").hidden = true; $("title").hidden = false; state.renameFor = null;
+  $("title-input").hidden = true; $("title").hidden = false; state.renameFor = null; state.renameFrom = null;
+}
+
+// A destructive or overriding action asks once: its button is armed (says
+// what a second click does) for a few seconds, or until Escape.
+function arm(b, label) {
+  b.classList.add("confirm"); b.dataset.label = b.textContent; b.textContent = label;
+  b._disarm = setTimeout(() => disarm(b), 4000);
+}
+function disarm(b) {
+  if (!b.classList.contains("confirm")) return;
+  clearTimeout(b._disarm); b.classList.remove("confirm"); b.textContent = b.dataset.label;
 }
 
 $("send-form").addEventListener("submit", (ev) => {
@@ -641,6 +735,9 @@ $("input").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); if (!runningReply() && !state.sending) send($("input").value); }
 });
 $("input").addEventListener("input", growInput);
+document.querySelector(".skip-link").addEventListener("click", (ev) => {  // the address keeps its #s=
+  ev.preventDefault(); closeDrawer(); $("input").focus();
+});
 $("new-chat").addEventListener("click", newChat);
 $("search").addEventListener("input", (ev) => { state.search = ev.target.value; renderSidebar(); });
 for (const b of $("views").children) b.addEventListener("click", () => { state.view = b.dataset.view; renderSidebar(); });
@@ -665,6 +762,7 @@ $("help-btn").addEventListener("click", () => $("help").showModal());
 $("act-rename").addEventListener("click", () => {
   const input = $("title-input");
   state.renameFor = state.current;
+  state.renameFrom = document.activeElement;
   input.value = state.sessions.get(state.current)?.title || "";
   input.hidden = false; $("title").hidden = true; input.focus(); input.select();
 });
@@ -672,10 +770,13 @@ $("title-input").addEventListener("blur", closeRename);
 $("title-input").addEventListener("keydown", async (ev) => {
   if (ev.key !== "Enter" && ev.key !== "Escape") return;
   ev.stopPropagation();
+  ev.preventDefault();  // the Enter must not go on to press the button the focus returns to
   const input = $("title-input");
   const sid = state.renameFor;
   const title = input.value.trim();
+  const back = state.renameFrom;
   closeRename();
+  if (back?.isConnected && back.offsetParent !== null) back.focus(); else $("input").focus();  // never the body
   if (ev.key === "Enter" && title && sid) {
     try { await request("rename_session", { session_id: sid, title }); } catch (e) { showError(e.message); }
   }
@@ -683,24 +784,16 @@ $("title-input").addEventListener("keydown", async (ev) => {
 $("act-regenerate").addEventListener("click", (ev) => {
   const row = state.sessions.get(state.current);
   const b = ev.currentTarget;
-  if (row?._user_titled && !b.classList.contains("confirm")) {  // a title the user typed: ask first
-    b.classList.add("confirm"); b.textContent = "Replace your title?";
-    setTimeout(() => { b.classList.remove("confirm"); b.textContent = "Regenerate title"; }, 4000);
-    return;
-  }
-  b.classList.remove("confirm"); b.textContent = "Regenerate title";
+  if (row?._user_titled && !b.classList.contains("confirm")) { arm(b, "Replace your title?"); return; }  // a title the user typed: ask first
+  disarm(b);
   act("rename_session", { regenerate: true });
 });
 $("act-pin").addEventListener("click", () => act("set_pinned", { pinned: !state.sessions.get(state.current)?.pinned }));
 $("act-archive").addEventListener("click", () => act("set_archived", { archived: !state.sessions.get(state.current)?.archived }));
 $("act-delete").addEventListener("click", async (ev) => {
   const b = ev.currentTarget;
-  if (!b.classList.contains("confirm")) {
-    b.classList.add("confirm"); b.textContent = "Confirm delete";
-    setTimeout(() => { b.classList.remove("confirm"); b.textContent = "Delete"; }, 4000);
-    return;
-  }
-  b.classList.remove("confirm"); b.textContent = "Delete";
+  if (!b.classList.contains("confirm")) { arm(b, "Confirm delete"); return; }
+  disarm(b);
   await act("delete_session");
 });
 $("project-picker").addEventListener("change", async (ev) => {
@@ -739,12 +832,23 @@ document.addEventListener("keydown", (ev) => {
   if (ev.ctrlKey && ev.shiftKey && (ev.key === "O" || ev.key === "o")) { ev.preventDefault(); newChat(); return; }
   if (ev.ctrlKey && ev.key === "/") { ev.preventDefault(); $("help").showModal(); return; }
   if (ev.key === "Escape" && ev.shiftKey) { ev.preventDefault(); $("input").focus(); return; }
-  if (ev.key === "Escape" && !$("help").open) {
-    if (document.body.classList.contains("drawer-open")) { closeDrawer(); $("menu-btn").focus(); return; }
-    const m = runningReply();
-    if (m) { ev.preventDefault(); act("stop", { msg_id: m.msg_id }); }
-  }
+  if (ev.key === "Escape" && !$("help").open) onEscape(ev);
 });
+// Escape cancels the nearest thing, and only that: an armed confirmation, the
+// search, the drawer. It stops a reply only from the composer (as the Stop
+// button does): a user clearing a search or backing out of a Delete never
+// loses the reply they are waiting for.
+function onEscape(ev) {
+  const at = document.activeElement;
+  const armed = document.querySelector("button.confirm");
+  if (armed) { ev.preventDefault(); disarm(armed); return; }
+  if (at === $("search") && (state.search || at.value)) {
+    ev.preventDefault(); at.value = ""; state.search = ""; renderSidebar(); return;
+  }
+  if (document.body.classList.contains("drawer-open")) { closeDrawer(); $("menu-btn").focus(); return; }
+  const m = runningReply();
+  if (m && at === $("input")) { ev.preventDefault(); act("stop", { msg_id: m.msg_id }); }
+}
 setInterval(() => {  // relative times stay true
   for (const t of document.querySelectorAll("#messages time")) {
     t.textContent = ago(Date.parse(t.getAttribute("datetime")) / 1000);

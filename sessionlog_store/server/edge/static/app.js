@@ -402,8 +402,12 @@
     running: [],
     // list_running, across sessions
     draftProject: "default",
-    renameFor: null
+    renameFor: null,
     // the session a rename field is open for
+    renameFrom: null,
+    // what had the focus when the rename opened (it gets it back)
+    rowFocus: null
+    // the chat row last focused (the list's one Tab stop)
   };
   window.sessionlog = state;
   var md = window.markdownit({
@@ -706,40 +710,69 @@
     const at = new Date(seconds * 1e3);
     return el("time", { datetime: at.toISOString(), title: at.toLocaleString() }, ago(seconds));
   }
-  function renderSidebar() {
-    const ul = $("sessions");
+  var rowNodes = /* @__PURE__ */ new Map();
+  var noneNode = null;
+  function visibleRows() {
     const q = state.search.trim().toLowerCase();
     const rows = [...state.sessions.values()].filter((r) => (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived)) && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
     rows.sort((a, b) => b.pinned - a.pinned || b.updated_at - a.updated_at || (a.id < b.id ? -1 : 1));
-    const items = rows.map((r) => el(
-      "li",
-      { "data-id": r.id, class: r.id === state.current ? "current" : null },
-      el(
-        "button",
-        {
-          class: "row",
-          type: "button",
-          "aria-current": r.id === state.current ? "page" : null,
-          onclick: () => openSession(r.id)
-        },
-        el(
-          "span",
-          { class: "row-title" },
-          r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
-          ...displayTitle(r),
-          r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
-          r.archived ? el("span", { class: "badge archived" }, "archived") : null,
-          r.damaged ? el("span", { class: "badge error" }, "damaged") : null
-        ),
-        el("span", { class: "row-preview" }, r.preview || "no messages yet"),
-        el("span", { class: "row-time" }, ago(r.updated_at))
-      )
-    ));
-    if (!items.length) {
-      const why = q ? `No chats match “${state.search.trim()}”.` : state.view === "archived" ? "No archived chats." : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
-      items.push(el("li", { class: "none" }, why));
+    return rows;
+  }
+  function rowNode(r) {
+    let li = rowNodes.get(r.id);
+    if (!li) {
+      li = el(
+        "li",
+        { "data-id": r.id },
+        el("button", { class: "row", type: "button", tabindex: "-1", onclick: () => openSession(r.id) })
+      );
+      rowNodes.set(r.id, li);
     }
-    ul.replaceChildren(...items);
+    const current = r.id === state.current;
+    const when = ago(r.updated_at);
+    const sig = JSON.stringify([rowName(r), r.source, r.preview, r.pinned, r.status, r.archived, r.damaged, current, when]);
+    if (li._sig === sig) return li;
+    li._sig = sig;
+    li.className = current ? "current" : "";
+    const b = li.firstChild;
+    if (current) b.setAttribute("aria-current", "page");
+    else b.removeAttribute("aria-current");
+    b.replaceChildren(
+      el(
+        "span",
+        { class: "row-title" },
+        r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
+        ...displayTitle(r),
+        r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
+        r.archived ? el("span", { class: "badge archived" }, "archived") : null,
+        r.damaged ? el("span", { class: "badge error" }, "damaged") : null
+      ),
+      el("span", { class: "row-preview" }, r.preview || "no messages yet"),
+      el("span", { class: "row-time" }, when)
+    );
+    return li;
+  }
+  function renderSidebar() {
+    const ul = $("sessions");
+    const focused = document.activeElement;
+    for (const [id, li] of rowNodes) if (!state.sessions.has(id)) {
+      rowNodes.delete(id);
+      li.remove();
+    }
+    const want = visibleRows().map(rowNode);
+    if (!want.length) {
+      const q = state.search.trim();
+      const why = q ? `No chats match “${q}”.` : state.view === "archived" ? "No archived chats." : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
+      noneNode ?? (noneNode = el("li", { class: "none" }));
+      if (noneNode.textContent !== why) noneNode.textContent = why;
+      want.push(noneNode);
+    }
+    want.forEach((n, i) => {
+      if (ul.children[i] !== n) ul.insertBefore(n, ul.children[i] || null);
+    });
+    while (ul.children.length > want.length) ul.lastChild.remove();
+    if (focused && focused !== document.activeElement && focused.isConnected) focused.focus({ preventScroll: true });
+    rovingStop();
     for (const b of $("views").children) {
       const on = b.dataset.view === state.view;
       b.setAttribute("aria-selected", String(on));
@@ -747,6 +780,34 @@
       if (on) $("session-panel").setAttribute("aria-labelledby", b.id);
     }
   }
+  function rovingStop() {
+    const rows = [...$("sessions").querySelectorAll("button.row")];
+    const pick = rows.find((b) => b === document.activeElement) || rows.find((b) => b.parentNode.dataset.id === state.rowFocus) || rows.find((b) => b.parentNode.dataset.id === state.current) || rows[0];
+    for (const b of rows) {
+      const t = b === pick ? 0 : -1;
+      if (b.tabIndex !== t) b.tabIndex = t;
+    }
+    return pick;
+  }
+  $("sessions").addEventListener("focusin", (ev) => {
+    const li = ev.target.closest("li[data-id]");
+    if (li) {
+      state.rowFocus = li.dataset.id;
+      rovingStop();
+    }
+  });
+  $("sessions").addEventListener("keydown", (ev) => {
+    const keys = { ArrowDown: 1, ArrowUp: -1, Home: -Infinity, End: Infinity };
+    if (!(ev.key in keys) || ev.altKey || ev.ctrlKey || ev.metaKey) return;
+    const rows = [...$("sessions").querySelectorAll("button.row")];
+    if (!rows.length) return;
+    ev.preventDefault();
+    const i = rows.indexOf(document.activeElement.closest("button.row"));
+    const step = keys[ev.key];
+    const j = Number.isFinite(step) ? Math.max(0, Math.min(rows.length - 1, i + step)) : step < 0 ? 0 : rows.length - 1;
+    rows[j].focus();
+    rows[j].scrollIntoView({ block: "nearest" });
+  });
   function renderRunning() {
     const btn = $("running-btn"), list = $("running-list");
     const n = state.running.length;
@@ -862,7 +923,22 @@
       else bubble.textContent = m.content;
       node._content = m.content;
     }
-    node.querySelector(".meta").replaceChildren(...metaParts(m, reason));
+    const meta = node.querySelector(".meta");
+    const key = meta.contains(document.activeElement) && document.activeElement.dataset.key;
+    meta.replaceChildren(...metaParts(m, reason));
+    if (key) focusControl(m.msg_id, key);
+  }
+  function focusControl(msgId, key) {
+    const node = state.nodes.get(msgId);
+    const order = { prev: ["prev", "next"], next: ["next", "prev"], stop: ["stop", "retry"], retry: ["retry", "stop"] }[key] || [key];
+    for (const k of order) {
+      const b = node?.querySelector(`.meta [data-key="${k}"]`);
+      if (b && !b.disabled) {
+        b.focus({ preventScroll: true });
+        return true;
+      }
+    }
+    return false;
   }
   function metaParts(m, reason) {
     const out = [];
@@ -880,23 +956,30 @@
           type: "button",
           "aria-label": "previous version",
           disabled: i <= 0,
-          onclick: () => switchBranch(sibs[i - 1])
+          "data-key": "prev",
+          onclick: () => switchBranch(sibs[i - 1], "prev")
         }, "‹"),
         el("span", { class: "branch-pos" }, `${i + 1}/${sibs.length}`),
         el("button", {
           type: "button",
           "aria-label": "next version",
           disabled: i >= sibs.length - 1,
-          onclick: () => switchBranch(sibs[i + 1])
+          "data-key": "next",
+          onclick: () => switchBranch(sibs[i + 1], "next")
         }, "›")
       ));
     }
     if (m.role === "assistant" && isOpen(m)) {
-      controls.push(el("button", { class: "stop", type: "button", onclick: () => act("stop", { msg_id: m.msg_id }) }, "Stop"));
+      controls.push(el("button", {
+        class: "stop",
+        type: "button",
+        "data-key": "stop",
+        onclick: () => act("stop", { msg_id: m.msg_id })
+      }, "Stop"));
     } else if (m.role === "assistant") {
       controls.push(el(
         "button",
-        { class: "retry", type: "button", onclick: () => retry(m.msg_id) },
+        { class: "retry", type: "button", "data-key": "retry", onclick: () => retry(m.msg_id) },
         m.status === "done" ? "Regenerate" : "Retry"
       ));
     }
@@ -980,9 +1063,10 @@
     const r = await act("retry", { msg_id: msgId });
     if (r) await openSession(state.current, { keep: true });
   }
-  async function switchBranch(msgId) {
+  async function switchBranch(msgId, key) {
     const r = await act("switch_branch", { msg_id: msgId });
     if (r) await openSession(state.current, { keep: true });
+    if (key && !focusControl(msgId, key)) $("input").focus();
   }
   async function send(text) {
     if (runningReply()) {
@@ -1022,7 +1106,7 @@
     document.body.classList.add("drawer-open");
     $("scrim").hidden = false;
     $("menu-btn").setAttribute("aria-expanded", "true");
-    $("sessions").querySelector("button")?.focus();
+    rovingStop()?.focus();
   }
   function closeDrawer() {
     if (!document.body.classList.contains("drawer-open")) return;
@@ -1034,6 +1118,19 @@
     $("title-input").hidden = true;
     $("title").hidden = false;
     state.renameFor = null;
+    state.renameFrom = null;
+  }
+  function arm(b, label) {
+    b.classList.add("confirm");
+    b.dataset.label = b.textContent;
+    b.textContent = label;
+    b._disarm = setTimeout(() => disarm(b), 4e3);
+  }
+  function disarm(b) {
+    if (!b.classList.contains("confirm")) return;
+    clearTimeout(b._disarm);
+    b.classList.remove("confirm");
+    b.textContent = b.dataset.label;
   }
   $("send-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
@@ -1051,6 +1148,11 @@
     }
   });
   $("input").addEventListener("input", growInput);
+  document.querySelector(".skip-link").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    closeDrawer();
+    $("input").focus();
+  });
   $("new-chat").addEventListener("click", newChat);
   $("search").addEventListener("input", (ev) => {
     state.search = ev.target.value;
@@ -1084,6 +1186,7 @@
   $("act-rename").addEventListener("click", () => {
     const input = $("title-input");
     state.renameFor = state.current;
+    state.renameFrom = document.activeElement;
     input.value = state.sessions.get(state.current)?.title || "";
     input.hidden = false;
     $("title").hidden = true;
@@ -1094,10 +1197,14 @@
   $("title-input").addEventListener("keydown", async (ev) => {
     if (ev.key !== "Enter" && ev.key !== "Escape") return;
     ev.stopPropagation();
+    ev.preventDefault();
     const input = $("title-input");
     const sid = state.renameFor;
     const title = input.value.trim();
+    const back = state.renameFrom;
     closeRename();
+    if (back?.isConnected && back.offsetParent !== null) back.focus();
+    else $("input").focus();
     if (ev.key === "Enter" && title && sid) {
       try {
         await request("rename_session", { session_id: sid, title });
@@ -1110,16 +1217,10 @@
     const row = state.sessions.get(state.current);
     const b = ev.currentTarget;
     if (row?._user_titled && !b.classList.contains("confirm")) {
-      b.classList.add("confirm");
-      b.textContent = "Replace your title?";
-      setTimeout(() => {
-        b.classList.remove("confirm");
-        b.textContent = "Regenerate title";
-      }, 4e3);
+      arm(b, "Replace your title?");
       return;
     }
-    b.classList.remove("confirm");
-    b.textContent = "Regenerate title";
+    disarm(b);
     act("rename_session", { regenerate: true });
   });
   $("act-pin").addEventListener("click", () => act("set_pinned", { pinned: !state.sessions.get(state.current)?.pinned }));
@@ -1127,16 +1228,10 @@
   $("act-delete").addEventListener("click", async (ev) => {
     const b = ev.currentTarget;
     if (!b.classList.contains("confirm")) {
-      b.classList.add("confirm");
-      b.textContent = "Confirm delete";
-      setTimeout(() => {
-        b.classList.remove("confirm");
-        b.textContent = "Delete";
-      }, 4e3);
+      arm(b, "Confirm delete");
       return;
     }
-    b.classList.remove("confirm");
-    b.textContent = "Delete";
+    disarm(b);
     await act("delete_session");
   });
   $("project-picker").addEventListener("change", async (ev) => {
@@ -1204,19 +1299,34 @@
       $("input").focus();
       return;
     }
-    if (ev.key === "Escape" && !$("help").open) {
-      if (document.body.classList.contains("drawer-open")) {
-        closeDrawer();
-        $("menu-btn").focus();
-        return;
-      }
-      const m = runningReply();
-      if (m) {
-        ev.preventDefault();
-        act("stop", { msg_id: m.msg_id });
-      }
-    }
+    if (ev.key === "Escape" && !$("help").open) onEscape(ev);
   });
+  function onEscape(ev) {
+    const at = document.activeElement;
+    const armed = document.querySelector("button.confirm");
+    if (armed) {
+      ev.preventDefault();
+      disarm(armed);
+      return;
+    }
+    if (at === $("search") && (state.search || at.value)) {
+      ev.preventDefault();
+      at.value = "";
+      state.search = "";
+      renderSidebar();
+      return;
+    }
+    if (document.body.classList.contains("drawer-open")) {
+      closeDrawer();
+      $("menu-btn").focus();
+      return;
+    }
+    const m = runningReply();
+    if (m && at === $("input")) {
+      ev.preventDefault();
+      act("stop", { msg_id: m.msg_id });
+    }
+  }
   setInterval(() => {
     for (const t of document.querySelectorAll("#messages time")) {
       t.textContent = ago(Date.parse(t.getAttribute("datetime")) / 1e3);

@@ -1,0 +1,200 @@
+"""Issue 30: the page as a daily driver, in a real headless Chromium against a
+real `sessionlog serve`, each behaviour at a desktop's 1280x800 and a phone's
+390x844 (touch). Replies the tests must hold open (to press keys while one
+streams) come from an external producer over the HTTP API: they run until
+the test closes them, on no clock."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .processes import ServeProcess, free_port
+from .test_browser import axe_violations, browser, open_page, phone_page, shot  # noqa: F401 (a fixture)
+
+SIZES = ["desktop", "phone"]
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[ServeProcess]:
+    s = ServeProcess(str(tmp_path / "store"), free_port(), speed=200.0)
+    s.start()
+    yield s
+    s.stop()
+
+
+class Api:
+    """The HTTP API as another tab, another device or a backend uses it."""
+
+    def __init__(self, serve: ServeProcess) -> None:
+        self.base = f"http://127.0.0.1:{serve.port}"
+        self.http = httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {serve.token}"}, timeout=30)
+
+    def __call__(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        r = self.http.request(method, path, json=body, **kw)
+        assert r.status_code < 300, (method, path, r.status_code, r.text)
+        return r.json() if r.content else None
+
+    def session(self, title: str, first: str = "hello") -> str:
+        sid = self("POST", "/v1/sessions", {"title": title})["session"]["id"]
+        self("POST", f"/v1/sessions/{sid}/messages", {"content": first})
+        return str(sid)
+
+    def open_reply(self, sid: str, text: str) -> tuple[str, str]:
+        """A reply that runs until `close`: (its id, its stream's path)."""
+        r = self("POST", f"/v1/sessions/{sid}/replies", {})
+        self.append(r["stream"], text)
+        return r["reply_id"], r["stream"]
+
+    def append(self, stream: str, text: str, close: bool = False) -> int:
+        """The answer's status: 2xx while the reply runs, 409 once it ended."""
+        headers = {"Content-Type": "text/plain", **({"Stream-Closed": "true"} if close else {})}
+        return self.http.post(stream, content=text.encode(), headers=headers).status_code
+
+
+@pytest.fixture
+def api(serve: ServeProcess) -> Iterator[Api]:
+    a = Api(serve)
+    yield a
+    a.http.close()
+
+
+def at_size(browser, url: str, size: str):  # type: ignore[no-untyped-def]
+    return open_page(browser, url) if size == "desktop" else phone_page(browser, url)
+
+
+def focused(page) -> str:  # type: ignore[no-untyped-def]
+    """What has the focus: an id, a row's session, a control's key, or the tag."""
+    return str(page.evaluate("""(() => { const a = document.activeElement;
+        return a.id || (a.closest('li[data-id]') ? 'row:' + a.closest('li[data-id]').dataset.id : '')
+          || (a.dataset.key ? 'key:' + a.dataset.key : '') || a.className || a.tagName; })()"""))
+
+
+def open_drawer(page, size: str) -> None:  # type: ignore[no-untyped-def]
+    if size == "phone" and not page.evaluate("document.body.classList.contains('drawer-open')"):
+        page.click("#menu-btn")
+        page.wait_for_selector("#sidebar", state="visible")
+
+
+# -- 1. Escape cancels the nearest thing ---------------------------------------------
+
+@pytest.mark.parametrize("size", SIZES)
+def test_escape_cancels_the_nearest_thing_and_stops_a_reply_only_from_the_composer(serve, api, browser, size):
+    sid = api.session("Escape test")
+    rid, stream = api.open_reply(sid, "The reply begins")
+    page = at_size(browser, f"{serve.url}&s={sid}", size)
+    page.wait_for_selector(f'[data-msg="{rid}"].running')
+
+    def still_running(text: str) -> None:  # the page would have sent its stop before this append
+        assert api.append(stream, text) < 300, "the reply was stopped"
+        page.wait_for_function(f'window.sessionlog.messages.get("{rid}").content.endsWith("{text}")')
+
+    open_drawer(page, size)
+    page.fill("#search", "zzz no such chat")
+    page.wait_for_selector("#sessions li.none")
+    page.keyboard.press("Escape")  # clears the search, and only that
+    assert page.input_value("#search") == "" and focused(page) == "search"
+    page.wait_for_selector(f'#sessions li[data-id="{sid}"]')
+    still_running(" and goes on")
+    if size == "phone":
+        assert page.evaluate("document.body.classList.contains('drawer-open')")
+        page.keyboard.press("Escape")  # the next Escape closes the drawer
+        page.wait_for_selector("#sidebar", state="hidden")
+        assert focused(page) == "menu-btn"
+        still_running(" after the drawer")
+    page.click("#act-delete")  # armed: a second click would delete
+    page.wait_for_selector("#act-delete.confirm")
+    page.keyboard.press("Escape")  # backs out of the Delete
+    page.wait_for_selector("#act-delete:not(.confirm)")
+    assert page.inner_text("#act-delete") == "Delete"
+    still_running(" after the Delete")
+    page.click("#act-rename")
+    page.keyboard.press("Escape")  # cancels the rename
+    page.wait_for_selector("#title-input", state="hidden")
+    assert focused(page) == "act-rename", "the focus goes back where the rename began"
+    still_running(" after the rename")
+    page.locator(f'[data-msg="{rid}"] .bubble').click()  # the page's body, nothing to cancel
+    page.keyboard.press("Escape")
+    still_running(" after a click on the reply")
+    page.focus("#input")
+    page.keyboard.press("Escape")  # from the composer: stops the reply
+    page.wait_for_selector(f'[data-msg="{rid}"].aborted')
+    assert api.append(stream, "too late") == 409
+    assert axe_violations(page) == []
+    assert not page.errors
+
+
+# -- 2. Focus is kept; arrow keys move through the list; a skip link -------------------
+
+@pytest.mark.parametrize("size", SIZES)
+def test_focus_survives_list_updates_arrow_keys_move_through_the_list_and_a_skip_link(serve, api, browser, size):
+    ids = [api.session(f"Chat {i:02}") for i in range(30)]
+    page = at_size(browser, serve.url, size)
+    page.wait_for_function("document.querySelectorAll('#sessions li[data-id]').length === 30")
+    open_drawer(page, size)
+    newest_first = ids[::-1]
+    page.focus(f'#sessions li[data-id="{newest_first[0]}"] button.row')
+    for _ in range(4):
+        page.keyboard.press("ArrowDown")
+    assert focused(page) == f"row:{newest_first[4]}"
+    page.keyboard.press("ArrowUp")
+    assert focused(page) == f"row:{newest_first[3]}"
+    row_before = page.evaluate_handle("document.activeElement")
+    # another tab (here the API) starts a chat and renames one: the list updates around the focus
+    api.session("Started elsewhere")
+    api("PATCH", f"/v1/sessions/{newest_first[3]}", {"title": "Renamed elsewhere"})
+    page.wait_for_function("document.querySelectorAll('#sessions li[data-id]').length === 31")
+    page.wait_for_function(f'document.querySelector(\'#sessions li[data-id="{newest_first[3]}"]\')'
+                           '.innerText.includes("Renamed elsewhere")')
+    assert focused(page) == f"row:{newest_first[3]}", "the focused row kept the focus"
+    assert page.evaluate("(r) => r === document.activeElement", row_before), "the same element, updated in place"
+    page.keyboard.press("End")
+    assert focused(page) == f"row:{ids[0]}"
+    page.keyboard.press("Home")
+    assert focused(page).startswith("row:")
+    # one Tab stop for the whole list: a single Tab leaves it
+    assert page.evaluate("[...document.querySelectorAll('#sessions button.row')].filter(b => b.tabIndex === 0).length") == 1
+    page.keyboard.press("Tab")
+    assert not focused(page).startswith("row:")
+    page.keyboard.press("Shift+Tab")
+    assert focused(page).startswith("row:")
+    page.keyboard.press("Enter")  # opens it
+    page.wait_for_function("window.sessionlog.current !== null")
+    if size == "phone":
+        page.wait_for_selector("#sidebar", state="hidden")
+    # the skip link: the Tab stop before the page's first control, to the composer (the address keeps its chat)
+    address = page.url
+    page.focus("#new-chat" if size == "desktop" else "#menu-btn")
+    page.keyboard.press("Shift+Tab")
+    assert focused(page) == "skip-link"
+    assert axe_violations(page) == [], "the skip link on screen"
+    page.keyboard.press("Enter")
+    assert focused(page) == "input" and page.url == address
+    assert not page.errors
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_focus_stays_after_switching_branches_and_renaming(serve, api, browser, size):
+    page = at_size(browser, serve.url, size)
+    page.fill("#input", "Tell me something")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    page.locator(".msg.assistant .retry").click()  # a second version of the reply
+    page.wait_for_selector(".branches", timeout=60_000)
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    page.locator('.branches [data-key="prev"]').focus()
+    page.keyboard.press("Enter")  # to version 1: its "previous" is disabled, the focus goes to "next"
+    page.wait_for_function("document.querySelector('.branch-pos')?.innerText === '1/2'")
+    assert focused(page) == "key:next"
+    page.keyboard.press("Enter")  # and back to version 2
+    page.wait_for_function("document.querySelector('.branch-pos')?.innerText === '2/2'")
+    assert focused(page) == "key:prev"
+    page.click("#act-rename")
+    page.keyboard.type("A title of my own")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelector('#title').innerText === 'A title of my own'")
+    assert focused(page) == "act-rename", "after a rename the focus is where it began"
+    assert not page.errors
