@@ -13,7 +13,10 @@ import httpx
 import pytest
 
 from .processes import ServeProcess, free_port
-from .test_browser import axe_violations, browser, open_page, phone_page, shot  # noqa: F401 (a fixture)
+from . import test_browser
+from .test_browser import axe_violations, open_page, phone_page
+
+browser = test_browser.browser  # its Chromium, one per module (a fixture)
 
 SIZES = ["desktop", "phone"]
 
