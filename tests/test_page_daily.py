@@ -201,3 +201,66 @@ def test_focus_stays_after_switching_branches_and_renaming(serve, api, browser, 
     page.wait_for_function("document.querySelector('#title').innerText === 'A title of my own'")
     assert focused(page) == "act-rename", "after a rename the focus is where it began"
     assert not page.errors
+
+
+# -- 4. Streaming cost: a long reply is parsed from its last finished block ------------
+
+def long_markdown(size: int = 50_000) -> str:
+    """Markdown as long replies have it, with every block kind whose split
+    could change how it renders (loose lists, fences with blank lines in
+    them, indented code, a list item's indented paragraph, tables, quotes)."""
+    parts = [
+        "# A long answer\n\nIntro with **bold**, `code` and a link https://example.com/x.\n\n",
+        "1. first step\n\n2. second step, loose\n\n   its indented paragraph\n\n3. third\n\n",
+        "- a\n- b\n\n  continued b\n\n- c\n\nA paragraph after the list.\n\n",
+        "```python\ndef f():\n\n    return 1\n\n\nprint(f())\n```\n\n",
+        "~~~\nfence ~~~ with ``` inside\n\n~~~\n\n",
+        "    indented code\n\n    more of it\n\nText again.\n\n",
+        "| col | other |\n| :-- | --: |\n| 1 | 2 |\n| 3 | 4 |\n\n",
+        "> a quote\n> over lines\n\n> another quote\n\n---\n\nSetext heading\n--------------\n\n",
+    ]
+    out, i = [], 0
+    while sum(map(len, out)) < size:
+        out.append(parts[i % len(parts)].replace("step", f"step {i}"))
+        i += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_50kb_reply_streams_parsed_once_per_block_while_the_user_types(serve, api, browser, size):
+    text = long_markdown()
+    sid = api.session("Long reply")
+    rid, stream = api.open_reply(sid, text[:200])
+    page = at_size(browser, f"{serve.url}&s={sid}", size)
+    page.wait_for_selector(f'[data-msg="{rid}"].running')
+    page.focus("#input")
+    typed = ""
+    chunk, at, n = 251, 200, 0  # odd-sized appends: cuts fall everywhere, mid-line and mid-fence
+    while at < len(text):
+        api.append(stream, text[at:at + chunk])
+        at += chunk
+        n += 1
+        if n % 8 == 0:  # the page draws what came, while the user types
+            page.wait_for_function(f'window.sessionlog.messages.get("{rid}").content.length === {at}')
+            page.keyboard.type("ab")
+            typed += "ab"
+    api.append(stream, "", close=True)
+    page.wait_for_selector(f'[data-msg="{rid}"].done')
+    assert page.input_value("#input") == typed, "no keystroke lost"
+    parsed = page.evaluate("window.sessionlog.parsed")
+    assert parsed <= 3 * len(text), f"{parsed} characters parsed for a {len(text)}-character reply"
+    same = """(id) => {
+        const box = document.querySelector(`[data-msg="${id}"] .bubble`).cloneNode(true);
+        box.querySelectorAll("button.copy").forEach((b) => b.remove());
+        const whole = document.createElement("div");
+        whole.append(...window.sessionlog.markdownBlocks(window.sessionlog.messages.get(id).content));
+        return [box.innerHTML === whole.innerHTML, box.children.length, whole.children.length];
+    }"""
+    equal, drawn, whole = page.evaluate(same, rid)
+    assert equal, f"drawn in parts differs from the whole ({drawn} blocks drawn, {whole} in the whole)"
+    assert page.locator(f'[data-msg="{rid}"] .bubble table').count() > 5
+    assert page.locator(f'[data-msg="{rid}"] .bubble pre code.language-python').count() > 5
+    page.reload()
+    page.wait_for_selector(f'[data-msg="{rid}"].done')
+    assert page.evaluate(same, rid)[0], "drawn at once after a reload, the same"
+    assert not page.errors

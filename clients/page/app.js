@@ -66,6 +66,7 @@ const state = {
   renameFor: null,            // the session a rename field is open for
   renameFrom: null,           // what had the focus when the rename opened (it gets it back)
   rowFocus: null,             // the chat row last focused (the list's one Tab stop)
+  parsed: 0,                  // characters of Markdown parsed so far
 };
 window.sessionlog = state;    // for tests and the curious
 
@@ -86,6 +87,8 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
 const PURIFY = { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "svg", "math", "form", "input"], FORBID_ATTR: ["style"] };
 
 function markdownBlocks(text) {
+  if (!text) return [];
+  state.parsed += text.length;  // (what the page has parsed: a test checks it grows with the text, not per frame)
   const frag = DOMPurify.sanitize(md.render(text), PURIFY);
   return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
 }
@@ -94,9 +97,18 @@ function markdownBlocks(text) {
 // blocks above the one being written keep their nodes (and any selection).
 // A block that holds the user's selection is left as it is while the
 // selection lasts (the text it gains shows once the selection goes).
+//
+// A streaming reply is parsed from its last finished block only: the text
+// up to a safe cut (below) is parsed once, its blocks kept, and each frame
+// parses and sanitises the unfinished tail. A 50 KB reply costs a frame
+// what its last paragraph costs, not what the whole reply does.
 function renderMarkdownInto(box, text) {
-  const fresh = markdownBlocks(text);
-  const old = [...box.childNodes];
+  let done = box._md;  // {src, count}: the finished text and its first `count` child nodes
+  if (!done || !text.startsWith(done.src) || box.childNodes.length < done.count) done = { src: "", count: 0 };
+  const cut = safeCut(text, done.src.length);
+  const finished = markdownBlocks(text.slice(done.src.length, cut));
+  const fresh = [...finished, ...markdownBlocks(text.slice(cut))];
+  const old = [...box.childNodes].slice(done.count);
   const sel = window.getSelection();
   const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
   box._pending = null;
@@ -111,7 +123,36 @@ function renderMarkdownInto(box, text) {
   for (const n of old.slice(fresh.length)) {
     if (held(n)) { box._pending = text; heldBoxes.add(box); } else n.remove();
   }
+  // what is drawn is the text: the finished part moves on (not while a held block is behind)
+  box._md = box._pending === null ? { src: text.slice(0, cut), count: done.count + finished.length } : done;
 }
+
+// Where the text can be cut so that its two parts render as the whole does:
+// after a blank line outside a fenced code block, before a line (complete,
+// so its start is known) that neither continues a list or an indented block
+// (it starts with no space) nor starts a list item (which would join the
+// list above it). From `from`, which is such a cut (or 0); returns the last.
+const FENCE = /^ {0,3}(`{3,}|~{3,})/;
+const JOINS = /^(\s|[-+*]\s|\d{1,9}[.)]\s|[-+*]$|\d{1,9}[.)]$)/;
+function safeCut(text, from) {
+  let cut = from, fence = null, blank = false, at = from;
+  for (;;) {
+    const nl = text.indexOf("\n", at);
+    if (nl < 0) return cut;  // an unfinished line: nothing is known of it yet
+    const line = text.slice(at, nl);
+    const f = FENCE.exec(line);
+    if (fence) {
+      if (f && f[1][0] === fence[0] && f[1].length >= fence.length && !line.slice(f[0].length).trim()) fence = null;
+    } else {
+      if (blank && line.trim() && !JOINS.test(line)) cut = at;
+      if (f) fence = f[1];
+    }
+    blank = !fence && !line.trim();
+    at = nl + 1;
+  }
+}
+
+state.markdownBlocks = markdownBlocks;  // the whole text's blocks at once (a test compares)
 
 const heldBoxes = new Set();
 document.addEventListener("selectionchange", () => {

@@ -406,8 +406,10 @@
     // the session a rename field is open for
     renameFrom: null,
     // what had the focus when the rename opened (it gets it back)
-    rowFocus: null
+    rowFocus: null,
     // the chat row last focused (the list's one Tab stop)
+    parsed: 0
+    // characters of Markdown parsed so far
   };
   window.sessionlog = state;
   var md = window.markdownit({
@@ -432,12 +434,18 @@
   });
   var PURIFY = { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "svg", "math", "form", "input"], FORBID_ATTR: ["style"] };
   function markdownBlocks(text) {
+    if (!text) return [];
+    state.parsed += text.length;
     const frag = DOMPurify.sanitize(md.render(text), PURIFY);
     return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
   }
   function renderMarkdownInto(box, text) {
-    const fresh = markdownBlocks(text);
-    const old = [...box.childNodes];
+    let done = box._md;
+    if (!done || !text.startsWith(done.src) || box.childNodes.length < done.count) done = { src: "", count: 0 };
+    const cut = safeCut(text, done.src.length);
+    const finished = markdownBlocks(text.slice(done.src.length, cut));
+    const fresh = [...finished, ...markdownBlocks(text.slice(cut))];
+    const old = [...box.childNodes].slice(done.count);
     const sel = window.getSelection();
     const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
     box._pending = null;
@@ -460,7 +468,28 @@
         heldBoxes.add(box);
       } else n.remove();
     }
+    box._md = box._pending === null ? { src: text.slice(0, cut), count: done.count + finished.length } : done;
   }
+  var FENCE = /^ {0,3}(`{3,}|~{3,})/;
+  var JOINS = /^(\s|[-+*]\s|\d{1,9}[.)]\s|[-+*]$|\d{1,9}[.)]$)/;
+  function safeCut(text, from) {
+    let cut = from, fence = null, blank = false, at = from;
+    for (; ; ) {
+      const nl = text.indexOf("\n", at);
+      if (nl < 0) return cut;
+      const line = text.slice(at, nl);
+      const f = FENCE.exec(line);
+      if (fence) {
+        if (f && f[1][0] === fence[0] && f[1].length >= fence.length && !line.slice(f[0].length).trim()) fence = null;
+      } else {
+        if (blank && line.trim() && !JOINS.test(line)) cut = at;
+        if (f) fence = f[1];
+      }
+      blank = !fence && !line.trim();
+      at = nl + 1;
+    }
+  }
+  state.markdownBlocks = markdownBlocks;
   var heldBoxes = /* @__PURE__ */ new Set();
   document.addEventListener("selectionchange", () => {
     for (const box of [...heldBoxes]) {
