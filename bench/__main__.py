@@ -12,13 +12,14 @@
   http_stack the HTTP side: an ASGI stack on trio vs the h11 edge extended (static, SSE fan-out)
   http_producers  external producers over HTTP vs an in-process agent, SSE readers, a reader's resume
   client_reads  the Python client's reader of a busy reply vs durable-streams' SSE and long-poll readers
+  page       the web page streaming a 50 KB reply while the user types, beside an older page
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "http_stack", "http_producers", "client_reads")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "http_stack", "http_producers", "client_reads", "page")
 
 
 def main() -> int:
