@@ -285,3 +285,33 @@ async def test_running_sessions_do_not_push_idle_ones_out_of_the_state_cache(roo
                 await store.load_session(sid)
             assert set(store.states) == {*running, idle[-1]}
             n.cancel_scope.cancel()
+
+
+async def test_a_reply_that_ends_flags_its_session_unread_and_a_users_stop_does_not(store, root):
+    meta, _ = await store.create_session(first_message="go")
+    assert store.registry.get(meta.id).unread is False
+    async with store.inflight(meta.id) as msg:
+        msg.write("an answer")
+    assert store.registry.get(meta.id).unread is True and store.registry.get(meta.id).status == "idle"
+    assert (await store.update_session(meta.id, unread=False)) == {"unread": False}
+    async with trio.open_nursery() as n:
+        started = trio.Event()
+
+        async def produce() -> None:
+            async with store.inflight(meta.id) as m:
+                m.write("half")
+                started.set()
+                await trio.sleep_forever()
+        n.start_soon(produce)
+        await started.wait()
+        (rid,) = store.registry.get(meta.id).open_msgs
+        assert store.stop(meta.id, rid) is True
+    assert store.registry.get(meta.id).status == "idle" and store.registry.get(meta.id).unread is False, "stopped: seen"
+    with pytest.raises(RuntimeError):
+        async with store.inflight(meta.id) as msg:  # an error ends it too: news
+            msg.write("x")
+            raise RuntimeError("the model failed")
+    assert store.registry.get(meta.id).unread is True
+    # one record carries both flags, as the log holds them (a replay agrees)
+    flags = [r.event for r in records(root, meta.id) if type(r.event).__name__ == "SessionFlags" and r.event.unread]
+    assert flags and all(f.status == "idle" for f in flags)

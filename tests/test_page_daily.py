@@ -264,3 +264,81 @@ def test_a_50kb_reply_streams_parsed_once_per_block_while_the_user_types(serve, 
     page.wait_for_selector(f'[data-msg="{rid}"].done')
     assert page.evaluate(same, rid)[0], "drawn at once after a reload, the same"
     assert not page.errors
+
+
+# -- 5. Reading while it streams -----------------------------------------------------
+
+def scroll_state(page) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    return dict(page.evaluate("""(() => { const b = document.querySelector('#messages');
+        return { top: b.scrollTop, away: b.scrollHeight - b.scrollTop - b.clientHeight }; })()"""))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_scrolling_up_while_a_reply_streams_holds_a_jump_button_returns_and_background_replies_are_unread(
+        serve, api, browser, size):
+    paragraph = "A line of the reply that takes room on the screen, as replies do.\n\n"
+    other = api.session("The other chat")
+    other_rid, other_stream = api.open_reply(other, "Working on it")
+    sid = api.session("Reading while it streams")
+    rid, stream = api.open_reply(sid, paragraph * 40)
+    page = at_size(browser, f"{serve.url}&s={sid}", size)
+    page.wait_for_selector(f'[data-msg="{rid}"].running')
+    page.wait_for_function("(() => { const b = document.querySelector('#messages'); "
+                           "return b.scrollHeight > b.clientHeight * 2 && b.scrollHeight - b.scrollTop - b.clientHeight < 5; })()")
+
+    def grow(n: int) -> None:  # more text, drawn
+        api.append(stream, paragraph * n)
+        page.wait_for_function(f'(() => {{ const m = window.sessionlog.messages.get("{rid}"); '
+                               f'return document.querySelector(\'[data-msg="{rid}"] .bubble\').childElementCount '
+                               f'>= m.content.split("\\n\\n").length - 2; }})()')
+
+    grow(1)
+    assert scroll_state(page)["away"] < 5, "at the bottom, the chat follows the reply"
+    if size == "desktop":
+        page.mouse.move(640, 300)
+        page.mouse.wheel(0, -30)  # 30 px up: the reader wants to stay there
+    else:
+        page.evaluate("document.querySelector('#messages').scrollBy(0, -30)")  # (a drag of the scroll)
+    page.wait_for_function("document.querySelector('#messages').scrollHeight - document.querySelector('#messages')"
+                           ".scrollTop - document.querySelector('#messages').clientHeight >= 25")
+    held = scroll_state(page)["top"]
+    grow(4)
+    assert scroll_state(page)["top"] == held, "no snap back to the bottom"
+    page.wait_for_selector("#jump", state="visible")
+    assert axe_violations(page) == [], "the jump button on screen"
+    page.click("#jump")
+    page.wait_for_function("document.querySelector('#messages').scrollHeight - document.querySelector('#messages')"
+                           ".scrollTop - document.querySelector('#messages').clientHeight < 5")
+    page.wait_for_selector("#jump", state="hidden")
+    grow(3)
+    assert scroll_state(page)["away"] < 5, "back at the bottom, it follows again"
+    # the other chat's reply ends while this one is on screen: its row is unread, with a dot
+    api.append(other_stream, " and done.", close=True)
+    open_drawer(page, size)
+    row = f'#sessions li[data-id="{other}"]'
+    page.wait_for_selector(f"{row}.unread .dot")
+    assert "New reply" in page.inner_text(f"{row} .row-title") or page.locator(f"{row} .visually-hidden").count() == 1
+    assert api("GET", f"/v1/sessions/{other}")["session"]["unread"] is True
+    assert axe_violations(page) == [], "an unread row"
+    page.click(f"{row} button.row")  # opened: read
+    page.wait_for_selector(f"{row}:not(.unread)", state="attached")
+    page.wait_for_selector(f'[data-msg="{other_rid}"].done')
+    wait_for(lambda: api("GET", f"/v1/sessions/{other}")["session"]["unread"] is False, "opened: read on the server")
+    # a reply that ends on screen is read at once
+    open_drawer(page, size)
+    page.click(f'#sessions li[data-id="{sid}"] button.row')
+    page.wait_for_selector(f'[data-msg="{rid}"].running')
+    api.append(stream, "The end.", close=True)
+    page.wait_for_selector(f'[data-msg="{rid}"].done')
+    wait_for(lambda: api("GET", f"/v1/sessions/{sid}")["session"]["unread"] is False
+             and api("GET", f"/v1/sessions/{sid}")["session"]["status"] == "idle", "read where it ended")
+    assert not page.errors
+
+
+def wait_for(cond, what: str, within: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    """Until `cond()` holds (a state another process reaches), or fail saying `what`."""
+    import time
+    deadline = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)

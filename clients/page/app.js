@@ -196,7 +196,7 @@ function onFrame(f) {
   switch (f.type) {
     case "message_created": return addMessage(f.data.session_id, f.data.message);
     case "session_updated":
-      if (f.data.id === state.current) renderHeader();
+      if (f.data.id === state.current) { renderHeader(); seen(); }
       if ("status" in f.data) refreshRunning();
       return;
     case "session_deleted":
@@ -264,7 +264,9 @@ async function openSession(sid, { keep = false } = {}) {
     state.order.push(m.msg_id);
   }
   for (const m of loaded.messages) if (isOpen(m)) subscribe(m);
+  if (!keep) state.stick = true;  // another chat opens at its latest
   renderAll();
+  seen();
 }
 
 // Follow a running message from the text the page has: the client resumes it
@@ -350,6 +352,7 @@ function openDraft() {
   state.messages = new Map();
   state.order = [];
   state.nodes = new Map();
+  state.stick = true;
   history.replaceState(null, "", `${location.pathname}${location.search}`);
   renderAll();
 }
@@ -415,14 +418,17 @@ function rowNode(r) {
   }
   const current = r.id === state.current;
   const when = ago(r.updated_at);
-  const sig = JSON.stringify([rowName(r), r.source, r.preview, r.pinned, r.status, r.archived, r.damaged, current, when]);
+  const sig = JSON.stringify([rowName(r), r.source, r.preview, r.pinned, r.status, r.archived, r.damaged, r.unread,
+                              current, when]);
   if (li._sig === sig) return li;
   li._sig = sig;
-  li.className = current ? "current" : "";
+  li.className = `${current ? "current" : ""}${r.unread ? " unread" : ""}`;
   const b = li.firstChild;
   if (current) b.setAttribute("aria-current", "page"); else b.removeAttribute("aria-current");
   b.replaceChildren(
-    el("span", { class: "row-title" }, r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
+    el("span", { class: "row-title" }, r.unread ? el("span", { class: "dot", "aria-hidden": "true" }) : null,
+      r.unread ? el("span", { class: "visually-hidden" }, "New reply: ") : null,
+      r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
       ...displayTitle(r),
       r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
       r.archived ? el("span", { class: "badge archived" }, "archived") : null,
@@ -511,12 +517,49 @@ function renderHeader() {
   renderProject();
 }
 
+// The chat follows a streaming reply while its reader is at the bottom, and
+// stays where the reader scrolled to otherwise: any scroll up (wheel, touch,
+// keys, the scrollbar) lets go, and reaching the bottom again holds on. A
+// "Jump to latest" button shows while away from the bottom.
+state.stick = true;
+let lastTop = 0;
+function fromBottom() { const b = $("messages"); return b.scrollHeight - b.scrollTop - b.clientHeight; }
 function keepBottom(fn) {
-  const box = $("messages");
-  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
   fn();
-  if (atBottom) box.scrollTop = box.scrollHeight;
+  if (state.stick) { const box = $("messages"); box.scrollTop = box.scrollHeight; lastTop = box.scrollTop; }
+  renderJump();
 }
+function toBottom(smooth = false) {
+  state.stick = true;
+  const box = $("messages");
+  box.scrollTo({ top: box.scrollHeight, behavior: smooth && !matchMedia("(prefers-reduced-motion: reduce)").matches ? "smooth" : "auto" });
+  renderJump();
+}
+function renderJump() {
+  const away = !state.stick && fromBottom() > 80;
+  if ($("jump").hidden === away) $("jump").hidden = !away;
+}
+$("messages").addEventListener("scroll", () => {
+  const box = $("messages");
+  if (fromBottom() <= 4) state.stick = true;
+  else if (box.scrollTop < lastTop - 1) state.stick = false;  // the reader went up
+  lastTop = box.scrollTop;
+  renderJump();
+}, { passive: true });
+$("messages").addEventListener("wheel", (ev) => { if (ev.deltaY < 0) state.stick = false; }, { passive: true });
+$("jump").addEventListener("click", () => { toBottom(true); $("input").focus({ preventScroll: true }); });
+
+// A chat whose reply ended while its reader was elsewhere is unread (the
+// server flags it as the reply ends); the chat on screen is read.
+function seen() {
+  const row = state.current && state.sessions.get(state.current);
+  if (row?.unread && document.visibilityState === "visible" && state.online) {
+    row.unread = false;  // (at once here; the server's answer comes to every tab)
+    request("set_unread", { session_id: row.id, unread: false }).catch(() => { row.unread = true; });
+    renderSidebar();
+  }
+}
+document.addEventListener("visibilitychange", seen);
 
 // The list in branch order, reusing each message's node: nodes that stay are
 // never detached (a detached node loses the user's selection).

@@ -306,7 +306,7 @@ class Leases:
             return False  # its worker died between the lease and the placeholder: no reply to end
         events: list[Event] = [MessageFinalized(msg_id=msg_id, status="aborted", aborted_reason=REASON)]
         if _running_flag_left(records, msg_id):
-            events.append(SessionFlags(status="idle"))
+            events.append(SessionFlags(status="idle", unread=True))  # (news to its user, as any reply's end)
         try:
             await self.log.append_many(session_id, events)
         except (UnknownSession, MessageFinished):  # deleted or finalized meanwhile (by another worker)

@@ -229,11 +229,15 @@ class Replies:
             self.host.after_reply(msg.session_id)
 
     def _ending(self, session_id: str, finalize: MessageFinalized) -> list[Event]:
-        """A finalize, and the session's idle flag when it ends the last running message."""
+        """A finalize, and the session's idle flag when it ends the last
+        running message: with the unread flag, unless its user stopped it
+        (a reply that ended is news to whoever is not looking at the chat;
+        a client showing the chat clears the flag, docs/PROTOCOL.md)."""
         events: list[Event] = [finalize]
         meta = self.host.registry.get(session_id)
         if meta is not None and set(meta.open_msgs) <= {finalize.msg_id} and meta.status == "running":
-            events.append(SessionFlags(status="idle"))
+            stopped = finalize.status == "aborted" and finalize.aborted_reason == "stopped by user"
+            events.append(SessionFlags(status="idle", unread=None if stopped or meta.unread else True))
         return events
 
     async def finalize_message(self, session_id: str, msg_id: str, status: str, *,

@@ -543,7 +543,10 @@
       case "message_created":
         return addMessage(f.data.session_id, f.data.message);
       case "session_updated":
-        if (f.data.id === state.current) renderHeader();
+        if (f.data.id === state.current) {
+          renderHeader();
+          seen();
+        }
         if ("status" in f.data) refreshRunning();
         return;
       case "session_deleted":
@@ -609,7 +612,9 @@
       state.order.push(m.msg_id);
     }
     for (const m of loaded.messages) if (isOpen(m)) subscribe(m);
+    if (!keep) state.stick = true;
     renderAll();
+    seen();
   }
   function subscribe(m) {
     state.follows.set(m.msg_id, client.subscribeMessage(
@@ -704,6 +709,7 @@
     state.messages = /* @__PURE__ */ new Map();
     state.order = [];
     state.nodes = /* @__PURE__ */ new Map();
+    state.stick = true;
     history.replaceState(null, "", `${location.pathname}${location.search}`);
     renderAll();
   }
@@ -759,10 +765,21 @@
     }
     const current = r.id === state.current;
     const when = ago(r.updated_at);
-    const sig = JSON.stringify([rowName(r), r.source, r.preview, r.pinned, r.status, r.archived, r.damaged, current, when]);
+    const sig = JSON.stringify([
+      rowName(r),
+      r.source,
+      r.preview,
+      r.pinned,
+      r.status,
+      r.archived,
+      r.damaged,
+      r.unread,
+      current,
+      when
+    ]);
     if (li._sig === sig) return li;
     li._sig = sig;
-    li.className = current ? "current" : "";
+    li.className = `${current ? "current" : ""}${r.unread ? " unread" : ""}`;
     const b = li.firstChild;
     if (current) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
@@ -770,6 +787,8 @@
       el(
         "span",
         { class: "row-title" },
+        r.unread ? el("span", { class: "dot", "aria-hidden": "true" }) : null,
+        r.unread ? el("span", { class: "visually-hidden" }, "New reply: ") : null,
         r.pinned ? el("span", { class: "pin", "aria-label": "pinned" }, "★ ") : null,
         ...displayTitle(r),
         r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
@@ -870,12 +889,56 @@
     }
     renderProject();
   }
-  function keepBottom(fn) {
-    const box = $("messages");
-    const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
-    fn();
-    if (atBottom) box.scrollTop = box.scrollHeight;
+  state.stick = true;
+  var lastTop = 0;
+  function fromBottom() {
+    const b = $("messages");
+    return b.scrollHeight - b.scrollTop - b.clientHeight;
   }
+  function keepBottom(fn) {
+    fn();
+    if (state.stick) {
+      const box = $("messages");
+      box.scrollTop = box.scrollHeight;
+      lastTop = box.scrollTop;
+    }
+    renderJump();
+  }
+  function toBottom(smooth = false) {
+    state.stick = true;
+    const box = $("messages");
+    box.scrollTo({ top: box.scrollHeight, behavior: smooth && !matchMedia("(prefers-reduced-motion: reduce)").matches ? "smooth" : "auto" });
+    renderJump();
+  }
+  function renderJump() {
+    const away = !state.stick && fromBottom() > 80;
+    if ($("jump").hidden === away) $("jump").hidden = !away;
+  }
+  $("messages").addEventListener("scroll", () => {
+    const box = $("messages");
+    if (fromBottom() <= 4) state.stick = true;
+    else if (box.scrollTop < lastTop - 1) state.stick = false;
+    lastTop = box.scrollTop;
+    renderJump();
+  }, { passive: true });
+  $("messages").addEventListener("wheel", (ev) => {
+    if (ev.deltaY < 0) state.stick = false;
+  }, { passive: true });
+  $("jump").addEventListener("click", () => {
+    toBottom(true);
+    $("input").focus({ preventScroll: true });
+  });
+  function seen() {
+    const row = state.current && state.sessions.get(state.current);
+    if (row?.unread && document.visibilityState === "visible" && state.online) {
+      row.unread = false;
+      request("set_unread", { session_id: row.id, unread: false }).catch(() => {
+        row.unread = true;
+      });
+      renderSidebar();
+    }
+  }
+  document.addEventListener("visibilitychange", seen);
   function renderMessages() {
     const box = $("messages");
     const want = state.order.map((id) => state.messages.get(id)).filter(Boolean).map((m) => {
