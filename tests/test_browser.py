@@ -195,14 +195,14 @@ def test_two_tabs_see_rename_archive_delete(serve, browser):
             step()
         b.bring_to_front()  # a background tab gets no animation frames, and Playwright polls on them
 
-    in_a(lambda: a.click("#act-rename"), lambda: a.fill("#title-input", "Renamed in A"),
+    in_a(lambda: a.click("#more"), lambda: a.click("#act-rename"), lambda: a.fill("#title-input", "Renamed in A"),
          lambda: a.press("#title-input", "Enter"))
     b.wait_for_function(f'document.querySelector(\'{row}\').innerText.includes("Renamed in A")')
-    in_a(lambda: a.click("#act-archive"))
+    in_a(lambda: a.click("#more"), lambda: a.click("#act-archive"))
     b.wait_for_selector(row, state="detached")  # gone from the active view
     b.click('#views button[data-view="archived"]')
     b.wait_for_selector(row)
-    in_a(lambda: a.click("#act-delete"), lambda: a.wait_for_selector("#act-delete.confirm"),
+    in_a(lambda: a.click("#more"), lambda: a.click("#act-delete"), lambda: a.wait_for_selector("#act-delete.confirm"),
          lambda: a.click("#act-delete"))
     b.wait_for_selector(row, state="detached")
     assert not a.errors and not b.errors
@@ -416,7 +416,7 @@ def test_phone_layout_drawer_and_tap_targets(serve, browser):
     box = page.locator("#input").bounding_box()
     assert box["width"] > 250 and box["height"] >= 40
     page.fill("#input", "Hello from a phone")
-    page.press("#input", "Enter")
+    page.tap("#send")  # (on a touch screen Enter is a new line)
     page.wait_for_selector(".msg.assistant.done", timeout=60_000)
     shot(page, "phone-chat")
     page.click("#menu-btn")
@@ -428,7 +428,7 @@ def test_phone_layout_drawer_and_tap_targets(serve, browser):
     small = page.evaluate("""() => [...document.querySelectorAll("button, input, select, textarea")]
         .filter(e => e.offsetParent !== null && getComputedStyle(e).visibility !== "hidden")
         .map(e => [e.id || e.className || e.textContent.trim(), e.getBoundingClientRect().height])
-        .filter(([, h]) => h < 40)""")
+        .filter(([, h]) => h < 44)""")
     assert small == [], small
     page.locator("#sessions button.row").first.click()
     page.wait_for_selector("#sidebar", state="hidden")
@@ -445,7 +445,7 @@ def test_keyboard_only_user_opens_a_saved_chat_and_stops_a_reply(serve, browser)
     page.keyboard.press("Control+Shift+O")  # new chat: a draft, focus in the composer
     page.wait_for_function("window.sessionlog.current === null")
     assert page.evaluate("document.activeElement.id") == "input"
-    assert page.locator("#actions").is_hidden()
+    assert page.locator("#more").is_hidden()
     page.keyboard.type("Second chat, tell me about the agent plan")
     page.keyboard.press("Enter")
     page.wait_for_selector(".msg.assistant.running")
@@ -670,6 +670,7 @@ def test_small_breakages(serve, browser):
     alpha = page.locator("#sessions li[data-id]").first.get_attribute("data-id")
     page.fill("#search", "")
     # rename: the field closes when another chat opens; Enter cannot rename that one
+    page.click("#more")
     page.click("#act-rename")
     page.fill("#title-input", "typed for beta")
     page.locator(f'#sessions li[data-id="{alpha}"] button.row').click()
@@ -678,10 +679,12 @@ def test_small_breakages(serve, browser):
     page.wait_for_timeout(300)
     assert page.evaluate(f'window.sessionlog.sessions.get("{alpha}").title') != "typed for beta"
     assert page.evaluate(f'window.sessionlog.sessions.get("{beta}").title') != "typed for beta"
+    page.click("#more")
     page.click("#act-rename")
     page.fill("#title-input", "My own title")
     page.press("#title-input", "Enter")
     page.wait_for_function(f'window.sessionlog.sessions.get("{alpha}").title === "My own title"')
+    page.click("#more")
     page.click("#act-regenerate")  # a title the user typed: asks first
     page.wait_for_selector("#act-regenerate.confirm")
     page.wait_for_timeout(300)
@@ -795,7 +798,7 @@ def test_offline_nothing_offers_a_stop_and_the_phone_composer_stays_on_screen(tm
     try:
         page = phone_page(browser, s.url)
         page.fill("#input", "stream while the server dies")
-        page.press("#input", "Enter")
+        page.tap("#send")
         page.wait_for_selector(".msg.assistant.running")
         assert page.inner_text("#send") == "Stop"
         s.kill()
@@ -814,9 +817,9 @@ def test_offline_nothing_offers_a_stop_and_the_phone_composer_stays_on_screen(tm
 def test_the_drawer_keeps_focus_and_code_on_a_phone_has_big_targets(serve, browser):
     page = phone_page(browser, serve.url)
     page.fill("#input", "show me some code")
-    page.press("#input", "Enter")
+    page.tap("#send")
     page.wait_for_selector(".msg.assistant.done pre button.copy", timeout=60_000)
-    assert page.locator("pre button.copy").first.bounding_box()["height"] >= 40
+    assert page.locator("pre button.copy").first.bounding_box()["height"] >= 44
     assert page.locator("#chat-header").bounding_box()["height"] <= 120, "the actions make one row"
     page.click("#menu-btn")
     page.wait_for_selector("#sidebar", state="visible")
@@ -828,9 +831,12 @@ def test_the_drawer_keeps_focus_and_code_on_a_phone_has_big_targets(serve, brows
     page.wait_for_selector("#sidebar", state="hidden")
     page.keyboard.press("/")
     assert page.evaluate("document.activeElement.id") == "input"
-    page.locator("#act-delete").focus()  # the actions row scrolls: a focused action is on screen
-    box = page.locator("#act-delete").bounding_box()
-    assert box is not None and box["x"] + box["width"] <= 390, box
+    page.click("#more")  # the chat's actions: one menu, all of it on screen
+    for item in ("#act-rename", "#act-regenerate", "#act-pin", "#act-archive", "#act-delete"):
+        box = page.locator(item).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390 and box["height"] >= 44, (item, box)
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#menu", state="hidden")
     page.click("#menu-btn")
     page.wait_for_selector("#sidebar", state="visible")
     page.set_viewport_size({"width": 1280, "height": 800})  # a phone turned into a desktop: no drawer left open
@@ -851,6 +857,7 @@ def test_replies_go_through_the_sanitizer_and_a_typed_title_is_replaced_only_whe
     sid = current_session(a)
     b = open_page(browser, serve.url)
     b.wait_for_selector(f'#sessions li[data-id="{sid}"]')
+    a.click("#more")
     a.click("#act-rename")
     a.fill("#title-input", "My own title")
     a.press("#title-input", "Enter")
@@ -858,6 +865,7 @@ def test_replies_go_through_the_sanitizer_and_a_typed_title_is_replaced_only_whe
     b.bring_to_front()
     b.wait_for_function(f'document.querySelector(\'{row}\').innerText.includes("My own title")')
     a.bring_to_front()
+    a.click("#more")
     a.click("#act-regenerate")
     a.wait_for_selector("#act-regenerate.confirm")
     a.click("#act-regenerate")  # confirmed: the title generator names it

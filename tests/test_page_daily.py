@@ -76,6 +76,15 @@ def focused(page) -> str:  # type: ignore[no-untyped-def]
           || (a.dataset.key ? 'key:' + a.dataset.key : '') || a.className || a.tagName; })()"""))
 
 
+def send(page, text: str) -> None:  # type: ignore[no-untyped-def]
+    """Type a message and send it as a person at this size does (a touch screen taps Send)."""
+    page.fill("#input", text)
+    if page.evaluate("matchMedia('(pointer: coarse)').matches"):
+        page.tap("#send")
+    else:
+        page.press("#input", "Enter")
+
+
 def open_drawer(page, size: str) -> None:  # type: ignore[no-untyped-def]
     if size == "phone" and not page.evaluate("document.body.classList.contains('drawer-open')"):
         page.click("#menu-btn")
@@ -108,16 +117,22 @@ def test_escape_cancels_the_nearest_thing_and_stops_a_reply_only_from_the_compos
         page.wait_for_selector("#sidebar", state="hidden")
         assert focused(page) == "menu-btn"
         still_running(" after the drawer")
+    page.click("#more")
     page.click("#act-delete")  # armed: a second click would delete
     page.wait_for_selector("#act-delete.confirm")
     page.keyboard.press("Escape")  # backs out of the Delete
     page.wait_for_selector("#act-delete:not(.confirm)")
     assert page.inner_text("#act-delete") == "Delete"
     still_running(" after the Delete")
+    page.keyboard.press("Escape")  # closes the menu
+    page.wait_for_selector("#menu", state="hidden")
+    assert focused(page) == "more", "the focus goes back to the menu's button"
+    still_running(" after the menu")
+    page.click("#more")
     page.click("#act-rename")
     page.keyboard.press("Escape")  # cancels the rename
     page.wait_for_selector("#title-input", state="hidden")
-    assert focused(page) == "act-rename", "the focus goes back where the rename began"
+    assert focused(page) == "more", "the focus goes back where the rename began"
     still_running(" after the rename")
     page.locator(f'[data-msg="{rid}"] .bubble').click()  # the page's body, nothing to cancel
     page.keyboard.press("Escape")
@@ -182,8 +197,7 @@ def test_focus_survives_list_updates_arrow_keys_move_through_the_list_and_a_skip
 @pytest.mark.parametrize("size", SIZES)
 def test_focus_stays_after_switching_branches_and_renaming(serve, api, browser, size):
     page = at_size(browser, serve.url, size)
-    page.fill("#input", "Tell me something")
-    page.press("#input", "Enter")
+    send(page, "Tell me something")
     page.wait_for_selector(".msg.assistant.done", timeout=60_000)
     page.locator(".msg.assistant .retry").click()  # a second version of the reply
     page.wait_for_selector(".branches", timeout=60_000)
@@ -195,11 +209,12 @@ def test_focus_stays_after_switching_branches_and_renaming(serve, api, browser, 
     page.keyboard.press("Enter")  # and back to version 2
     page.wait_for_function("document.querySelector('.branch-pos')?.innerText === '2/2'")
     assert focused(page) == "key:prev"
+    page.click("#more")
     page.click("#act-rename")
     page.keyboard.type("A title of my own")
     page.keyboard.press("Enter")
     page.wait_for_function("document.querySelector('#title').innerText === 'A title of my own'")
-    assert focused(page) == "act-rename", "after a rename the focus is where it began"
+    assert focused(page) == "more", "after a rename the focus is where it began"
     assert not page.errors
 
 
@@ -342,3 +357,86 @@ def wait_for(cond, what: str, within: float = 30.0) -> None:  # type: ignore[no-
     while not cond():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
+
+
+# -- 3. The phone: Enter is a new line on touch, one "⋯" menu, room with the keyboard up, 44 px targets --
+
+SMALL_TARGETS = """() => [...document.querySelectorAll("button, input, select, textarea, a[href]")]
+    .filter(e => e.offsetParent !== null && getComputedStyle(e).visibility !== "hidden"
+                 && getComputedStyle(e).opacity !== "0" && !e.classList.contains("skip-link")
+                 && !(e.tagName === "A" && e.closest(".bubble")))  // (a link in a sentence is exempt, WCAG 2.5.8)
+    .map(e => [e.id || e.className || e.textContent.trim(), Math.round(e.getBoundingClientRect().height)])
+    .filter(([, h]) => h < 44)"""
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_enter_on_touch_is_a_new_line_one_menu_for_the_chat_and_rows_room_with_the_keyboard_up(serve, api, browser, size):
+    other = api.session("Another chat")
+    page = at_size(browser, serve.url, size)
+    page.focus("#input")
+    page.keyboard.type("line one")
+    page.keyboard.press("Enter")
+    page.keyboard.type("line two")
+    if size == "phone":  # a touch keyboard's Enter: a line break; the button sends
+        assert page.input_value("#input") == "line one\nline two"
+        assert page.evaluate("window.sessionlog.current") is None, "nothing was sent"
+        page.tap("#send")
+    else:  # a keyboard's Enter sends (the first line went); Shift+Enter is the line break
+        page.wait_for_selector(".msg.user")
+        page.fill("#input", "")
+    page.wait_for_selector(".msg.assistant.done", timeout=60_000)
+    sid = page.evaluate("window.sessionlog.current")
+    if size == "phone":
+        assert page.inner_text(".msg.user .bubble") == "line one\nline two"
+    # the chat's actions: one ⋯ button, one header row
+    assert page.locator("#chat-header").bounding_box()["height"] <= 64
+    page.focus("#more")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#menu", state="visible")
+    assert page.get_attribute("#more", "aria-expanded") == "true" and focused(page) == "act-rename"
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowDown")
+    assert focused(page) == "act-pin"
+    for item in ("#act-rename", "#act-regenerate", "#act-pin", "#act-archive", "#act-delete"):
+        box = page.locator(item).bounding_box()
+        viewport = page.viewport_size
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"], (item, box)
+        assert box["y"] + box["height"] <= viewport["height"], (item, box)
+    assert axe_violations(page) == [], "the menu open"
+    page.keyboard.press("Enter")  # Pin
+    page.wait_for_selector("#menu", state="hidden")
+    assert focused(page) == "more"
+    page.wait_for_function(f'window.sessionlog.sessions.get("{sid}").pinned === true')
+    if size == "desktop":  # each row has its menu: here, archive the other chat without opening it
+        row = f'#sessions li[data-id="{other}"]'
+        page.hover(f"{row} button.row")
+        page.click(f"{row} .row-more")
+        page.wait_for_selector("#menu", state="visible")
+        assert page.inner_text("#act-pin") == "Pin", "the menu is the row's, not the open chat's"
+        page.click("#act-archive")
+        page.wait_for_selector(row, state="detached")
+        assert page.evaluate("window.sessionlog.current") == sid
+        # by keyboard: → from a row to its ⋯, Enter opens its menu
+        page.focus(f'#sessions li[data-id="{sid}"] button.row')
+        page.keyboard.press("ArrowRight")
+        assert page.evaluate("document.activeElement.classList.contains('row-more')")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#menu", state="visible")
+        assert page.inner_text("#act-pin") == "Unpin"
+        page.keyboard.press("Escape")
+        page.wait_for_selector("#menu", state="hidden")
+        assert page.evaluate("document.activeElement.classList.contains('row-more')")
+    else:
+        assert page.locator(".row-more").first.is_hidden(), "a phone's rows have no menus"
+        assert page.evaluate(SMALL_TARGETS) == []
+        open_drawer(page, size)
+        assert page.evaluate(SMALL_TARGETS) == []
+        page.keyboard.press("Escape")
+        page.wait_for_selector("#sidebar", state="hidden")
+        # the keyboard up: what is visible is about half the screen; the chat keeps half of that
+        page.focus("#input")
+        page.set_viewport_size({"width": 390, "height": 470})
+        page.wait_for_function("window.innerHeight === 470")
+        assert page.locator("#messages").bounding_box()["height"] >= 470 / 2
+        assert page.locator("#input").bounding_box()["y"] + 44 <= 470
+    assert not page.errors

@@ -759,7 +759,16 @@
       li = el(
         "li",
         { "data-id": r.id },
-        el("button", { class: "row", type: "button", tabindex: "-1", onclick: () => openSession(r.id) })
+        el("button", { class: "row", type: "button", tabindex: "-1", onclick: () => openSession(r.id) }),
+        el("button", {
+          class: "row-more",
+          type: "button",
+          tabindex: "-1",
+          "aria-haspopup": "menu",
+          "aria-expanded": "false",
+          "aria-controls": "menu",
+          onclick: (ev) => openMenu(r.id, ev.currentTarget)
+        }, "⋯")
       );
       rowNodes.set(r.id, li);
     }
@@ -783,6 +792,7 @@
     const b = li.firstChild;
     if (current) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
+    li.lastChild.setAttribute("aria-label", `Actions for ${rowName(r)}`);
     b.replaceChildren(
       el(
         "span",
@@ -845,12 +855,23 @@
     }
   });
   $("sessions").addEventListener("keydown", (ev) => {
+    const more = ev.target.closest("li")?.querySelector(".row-more");
+    if (ev.key === "ArrowRight" && ev.target.matches("button.row") && more?.offsetParent) {
+      ev.preventDefault();
+      more.focus();
+      return;
+    }
+    if (ev.key === "ArrowLeft" && ev.target === more) {
+      ev.preventDefault();
+      ev.target.previousSibling.focus();
+      return;
+    }
     const keys = { ArrowDown: 1, ArrowUp: -1, Home: -Infinity, End: Infinity };
     if (!(ev.key in keys) || ev.altKey || ev.ctrlKey || ev.metaKey) return;
     const rows = [...$("sessions").querySelectorAll("button.row")];
     if (!rows.length) return;
     ev.preventDefault();
-    const i = rows.indexOf(document.activeElement.closest("button.row"));
+    const i = rows.indexOf(document.activeElement.closest("li")?.querySelector("button.row"));
     const step = keys[ev.key];
     const j = Number.isFinite(step) ? Math.max(0, Math.min(rows.length - 1, i + step)) : step < 0 ? 0 : rows.length - 1;
     rows[j].focus();
@@ -882,11 +903,8 @@
     const row = state.current ? state.sessions.get(state.current) : null;
     $("title").replaceChildren(...row ? displayTitle(row) : ["New chat"]);
     document.title = row ? `${rowName(row)} — sessionlog` : "New chat — sessionlog";
-    $("actions").hidden = !row;
-    if (row) {
-      $("act-pin").textContent = row.pinned ? "Unpin" : "Pin";
-      $("act-archive").textContent = row.archived ? "Unarchive" : "Archive";
-    }
+    $("more").hidden = !row;
+    if (!row && state.menuFor === null) closeMenu();
     renderProject();
   }
   state.stick = true;
@@ -1234,11 +1252,17 @@
   });
   $("input").addEventListener("keydown", (ev) => {
     if (ev.isComposing || ev.keyCode === 229) return;
-    if (ev.key === "Enter" && !ev.shiftKey) {
+    if (ev.key === "Enter" && !ev.shiftKey && !TOUCH.matches) {
       ev.preventDefault();
       if (!runningReply() && !state.sending) send($("input").value);
     }
   });
+  var TOUCH = matchMedia("(pointer: coarse)");
+  function placeholder() {
+    $("input").placeholder = TOUCH.matches ? "Message…" : "Message… (Enter to send, Shift+Enter for a new line)";
+  }
+  TOUCH.addEventListener("change", placeholder);
+  placeholder();
   $("input").addEventListener("input", growInput);
   document.querySelector(".skip-link").addEventListener("click", (ev) => {
     ev.preventDefault();
@@ -1273,12 +1297,14 @@
   matchMedia("(max-width: 720px)").addEventListener("change", (e) => {
     if (!e.matches) closeDrawer();
   });
-  $("actions").addEventListener("focusin", (ev) => ev.target.scrollIntoView?.({ block: "nearest", inline: "nearest" }));
   $("help-btn").addEventListener("click", () => $("help").showModal());
-  $("act-rename").addEventListener("click", () => {
+  $("act-rename").addEventListener("click", async () => {
+    const sid = state.menuFor;
+    closeMenu();
+    if (sid !== state.current) await openSession(sid);
     const input = $("title-input");
     state.renameFor = state.current;
-    state.renameFrom = document.activeElement;
+    state.renameFrom = $("more");
     input.value = state.sessions.get(state.current)?.title || "";
     input.hidden = false;
     $("title").hidden = true;
@@ -1306,26 +1332,84 @@
     }
   });
   $("act-regenerate").addEventListener("click", (ev) => {
-    const row = state.sessions.get(state.current);
+    const sid = state.menuFor;
     const b = ev.currentTarget;
-    if (row?._user_titled && !b.classList.contains("confirm")) {
+    if (state.sessions.get(sid)?._user_titled && !b.classList.contains("confirm")) {
       arm(b, "Replace your title?");
       return;
     }
-    disarm(b);
-    act("rename_session", { regenerate: true });
+    closeMenu(true);
+    act("rename_session", { session_id: sid, regenerate: true });
   });
-  $("act-pin").addEventListener("click", () => act("set_pinned", { pinned: !state.sessions.get(state.current)?.pinned }));
-  $("act-archive").addEventListener("click", () => act("set_archived", { archived: !state.sessions.get(state.current)?.archived }));
+  $("act-pin").addEventListener("click", () => {
+    const sid = state.menuFor;
+    closeMenu(true);
+    act("set_pinned", { session_id: sid, pinned: !state.sessions.get(sid)?.pinned });
+  });
+  $("act-archive").addEventListener("click", () => {
+    const sid = state.menuFor;
+    closeMenu(true);
+    act("set_archived", { session_id: sid, archived: !state.sessions.get(sid)?.archived });
+  });
   $("act-delete").addEventListener("click", async (ev) => {
     const b = ev.currentTarget;
     if (!b.classList.contains("confirm")) {
       arm(b, "Confirm delete");
       return;
     }
-    disarm(b);
-    await act("delete_session");
+    const sid = state.menuFor;
+    closeMenu(sid !== state.current);
+    if (await act("delete_session", { session_id: sid }) && !$("input").disabled && document.activeElement === document.body) $("input").focus();
   });
+  function openMenu(sid, trigger) {
+    const row = state.sessions.get(sid);
+    if (!row) return;
+    closeMenu();
+    state.menuFor = sid;
+    state.menuFrom = trigger;
+    $("act-pin").textContent = row.pinned ? "Unpin" : "Pin";
+    $("act-archive").textContent = row.archived ? "Unarchive" : "Archive";
+    const menu = $("menu");
+    menu.hidden = false;
+    trigger.setAttribute("aria-expanded", "true");
+    const r = trigger.getBoundingClientRect();
+    const w = menu.offsetWidth, h = menu.offsetHeight;
+    menu.style.left = `${Math.max(8, Math.min(r.right - w, innerWidth - w - 8))}px`;
+    menu.style.top = `${r.bottom + 4 + h > innerHeight ? Math.max(8, r.top - h - 4) : r.bottom + 4}px`;
+    menu.querySelector("[role=menuitem]").focus();
+  }
+  function closeMenu(back = false) {
+    const menu = $("menu");
+    if (menu.hidden) return;
+    for (const b of menu.querySelectorAll("button.confirm")) disarm(b);
+    menu.hidden = true;
+    const from = state.menuFrom;
+    from?.setAttribute("aria-expanded", "false");
+    state.menuFor = null;
+    state.menuFrom = null;
+    if (back && from?.isConnected) from.focus();
+  }
+  state.menuFor = null;
+  $("more").addEventListener("click", (ev) => {
+    if (!$("menu").hidden && state.menuFrom === ev.currentTarget) closeMenu(true);
+    else openMenu(state.current, ev.currentTarget);
+  });
+  $("menu").addEventListener("keydown", (ev) => {
+    const items = [...$("menu").querySelectorAll("[role=menuitem]")];
+    const i = items.indexOf(document.activeElement);
+    const to = { ArrowDown: i + 1, ArrowUp: i - 1, Home: 0, End: items.length - 1 }[ev.key];
+    if (to !== void 0) {
+      ev.preventDefault();
+      items[(to + items.length) % items.length].focus();
+    } else if (ev.key === "Tab") {
+      ev.preventDefault();
+      closeMenu(true);
+    }
+  });
+  document.addEventListener("pointerdown", (ev) => {
+    if (!$("menu").hidden && !$("menu").contains(ev.target) && ev.target !== state.menuFrom) closeMenu();
+  });
+  addEventListener("resize", () => closeMenu());
   $("project-picker").addEventListener("change", async (ev) => {
     const pid = ev.target.value;
     if (!state.current) {
@@ -1399,6 +1483,11 @@
     if (armed) {
       ev.preventDefault();
       disarm(armed);
+      return;
+    }
+    if (!$("menu").hidden) {
+      ev.preventDefault();
+      closeMenu(true);
       return;
     }
     if (at === $("search") && (state.search || at.value)) {
