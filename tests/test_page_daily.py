@@ -440,3 +440,106 @@ def test_enter_on_touch_is_a_new_line_one_menu_for_the_chat_and_rows_room_with_t
         assert page.locator("#messages").bounding_box()["height"] >= 470 / 2
         assert page.locator("#input").bounding_box()["y"] + 44 <= 470
     assert not page.errors
+
+
+# -- 9. State and words ----------------------------------------------------------------
+
+def row_click(page, size: str, sid: str) -> None:  # type: ignore[no-untyped-def]
+    open_drawer(page, size)
+    page.click(f'#sessions li[data-id="{sid}"] button.row')
+    page.wait_for_function(f'window.sessionlog.current === "{sid}"')
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_draft_per_chat_back_and_forward_typing_offline_and_plain_words(serve, api, browser, size):
+    a, b = api.session("Chat A"), api.session("Chat B")
+    page = at_size(browser, serve.url, size)
+    row_click(page, size, a)
+    page.fill("#input", "draft for A")
+    row_click(page, size, b)
+    assert page.input_value("#input") == "", "A's draft stays with A"
+    page.fill("#input", "draft for B")
+    row_click(page, size, a)
+    assert page.input_value("#input") == "draft for A"
+    # Back and Forward move between chats (the drafts follow)
+    page.go_back()
+    page.wait_for_function(f'window.sessionlog.current === "{b}"')
+    assert page.input_value("#input") == "draft for B"
+    page.go_forward()
+    page.wait_for_function(f'window.sessionlog.current === "{a}"')
+    page.reload()
+    page.wait_for_selector(".conn.online", state="attached")
+    page.wait_for_function(f'window.sessionlog.current === "{a}"')
+    assert page.input_value("#input") == "draft for A", "a reload keeps the draft"
+    # offline: typing goes on; Send queues for this chat; another chat says it opens when back
+    page.context.set_offline(True)
+    page.wait_for_selector("body.offline")
+    assert page.is_enabled("#input")
+    page.fill("#input", "written offline")
+    page.click("#send")
+    page.wait_for_selector("#queued-note", state="visible")
+    assert "written offline" in page.inner_text("#queued-note") and page.input_value("#input") == ""
+    row_click_offline = f'#sessions li[data-id="{b}"] button.row'
+    open_drawer(page, size)
+    page.click(row_click_offline)
+    page.wait_for_function("document.querySelector('#error').innerText.includes('opens when the connection is back')")
+    assert page.evaluate("window.sessionlog.current") == a, "the open chat stays on screen"
+    page.context.set_offline(False)
+    page.wait_for_function(f'window.sessionlog.current === "{b}"', timeout=30_000)  # opened once back
+    page.wait_for_selector("#queued-note", state="hidden")
+    wait_for(lambda: any(m["content"] == "written offline" for m in api("GET", f"/v1/sessions/{a}")["messages"]),
+             "the queued message went to the chat it was written in")
+    assert not any(m["content"] == "written offline" for m in api("GET", f"/v1/sessions/{b}")["messages"])
+    # plain words: a stop is not a failure; no jargon on screen
+    rid, stream = api.open_reply(b, "**Bold words** and `code` here.\n\nThe rest")
+    page.wait_for_selector(f'[data-msg="{rid}"].running')
+    page.wait_for_function("document.querySelector('#announce').textContent === 'Bold words and code here.'")
+    page.focus("#input")
+    page.keyboard.press("Escape")
+    page.wait_for_selector(f'[data-msg="{rid}"].stopped')
+    assert page.inner_text(f'[data-msg="{rid}"] .why') == "Stopped."
+    assert page.inner_text(f'[data-msg="{rid}"] .badge') == "stopped"
+    line = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--line').trim()")
+    border = page.evaluate(f"getComputedStyle(document.querySelector('[data-msg=\"{rid}\"] .bubble')).borderTopColor")
+    assert border == page.evaluate(f"(() => {{ const d = document.createElement('div'); d.style.color = '{line}'; "
+                                   "document.body.append(d); const c = getComputedStyle(d).color; d.remove(); return c; })()")
+    page.wait_for_function("document.querySelector('#announce').textContent === 'Reply stopped.'")
+    words = page.evaluate("document.body.innerText + ' ' + [...document.querySelectorAll('[title]')].map(e => e.title).join(' ')")
+    for jargon in ("locked", "worker restart", "llm reply", "llm_reply", "Regenerate title", "Aborted"):
+        assert jargon not in words, jargon
+    assert not page.errors, page.errors
+
+
+def test_a_refused_token_does_not_say_no_chats(serve, api, browser):
+    api.session("One chat")
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(serve.url.replace(serve.token, "not-the-token"))
+    page.wait_for_selector("#token-box", state="visible", timeout=30_000)
+    assert "No chats" not in page.inner_text("#sessions")
+    assert "Not connected" in page.inner_text("#sessions")
+    assert not errors
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_dark_mode_follows_the_system_and_keeps_contrast(serve, api, browser, size):
+    page = at_size(browser, serve.url, size)
+    page.emulate_media(color_scheme="dark")
+    send(page, "Show me some code and a plan")
+    page.wait_for_selector(".msg.assistant.done pre code .hljs-keyword", timeout=60_000)
+    bg = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+    assert bg == "rgb(24, 24, 27)", bg
+    assert axe_violations(page) == [], "a chat in the dark"
+    page.click("#more")
+    assert axe_violations(page) == [], "its menu"
+    page.keyboard.press("Escape")
+    open_drawer(page, size)
+    assert axe_violations(page) == [], "the list"
+    page.context.set_offline(True)
+    page.wait_for_selector("#offline-banner", state="visible")
+    assert axe_violations(page) == [], "offline"
+    page.context.set_offline(False)
+    page.emulate_media(color_scheme="light")
+    assert page.evaluate("getComputedStyle(document.documentElement).backgroundColor") == "rgb(247, 247, 248)"
+    assert not page.errors

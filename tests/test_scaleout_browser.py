@@ -52,7 +52,7 @@ def test_the_page_moves_to_another_worker_when_its_own_is_killed(nats_cluster, t
         page.wait_for_function(f'document.querySelector(\'[data-msg="{mid}"] .bubble\').innerText.length > 40')
         one.kill()  # the worker streaming the reply, and holding the page's socket
         page.wait_for_selector(f'[data-msg="{mid}"].aborted', timeout=45_000)  # reconnected, through nginx, to two
-        assert "worker restart" in page.locator(f'[data-msg="{mid}"] .why').inner_text()
+        assert "the server restarted" in page.locator(f'[data-msg="{mid}"] .why').inner_text()
         shown = content_of(page, mid)
         assert len(shown) > 0
 

@@ -33,6 +33,17 @@ let TOKEN = (() => {
 })();
 const BRANDS = { wechat: "WeChat", discord: "Discord", slack: "Slack", telegram: "Telegram", whatsapp: "WhatsApp" };
 const $ = (id) => document.getElementById(id);
+const KIND_WORDS = { llm_reply: "writing a reply", tool_call: "using a tool", agentic_fn: "working through steps",
+                     task_spawn: "starting a task", merge: "merging" };
+// Why a reply ended early, in words a user knows (the log keeps the server's reason).
+const REASON_WORDS = {
+  "stopped by user": "Stopped.",
+  "worker restart": "Interrupted: the server restarted while writing this reply. Retry to write it again.",
+  "server shutdown": "Interrupted: the server was shut down while writing this reply. Retry to write it again.",
+  "producer lost": "Interrupted: the app writing this reply went quiet. Retry to write it again.",
+  "stalled": "Interrupted: the reply stopped arriving. Retry to write it again.",
+};
+function stoppedByUser(m) { return m.status === "aborted" && (m.metadata?.aborted_reason || m.error) === "stopped by user"; }
 const EMPTY_CHAT = "Start a conversation. Replies stream in; reload or lose the network at any moment, nothing is lost.";
 
 // Relative to the page, so that it works under any path prefix (--root-path).
@@ -85,6 +96,14 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
 });
 const PURIFY = { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "svg", "math", "form", "input"], FORBID_ATTR: ["style"] };
+
+// What a screen reader should say of some Markdown: its words, not its syntax.
+function plainText(text) {
+  const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+  for (const b of frag.querySelectorAll("p, li, h1, h2, h3, h4, h5, h6, pre, tr, blockquote")) b.append(" ");
+  return frag.textContent.replace(/\s+/g, " ").trim();
+}
+state.plainText = plainText;
 
 function markdownBlocks(text) {
   if (!text) return [];
@@ -174,7 +193,26 @@ function addCopyButton(pre) {
 
 // -- the socket (the client keeps it up: reconnects, heartbeat, since) -----------
 
-client.on("open", () => { $("token-box").hidden = true; showConn(); rejoinAll(); });
+client.on("open", async () => {
+  $("token-box").hidden = true; showConn();
+  await rejoinAll();
+  if (state.queued && state.online) sendQueued();
+});
+
+// What was sent offline goes now, to the chat it was written in.
+async function sendQueued() {
+  const q = state.queued;
+  state.queued = null;
+  renderComposer();
+  try {
+    const ack = await request("chat", q.sid ? { content: q.text, session_id: q.sid } : { content: q.text, project_id: q.project });
+    if (state.current === q.sid) await openSession(ack.session_id, { keep: ack.session_id === state.current });
+    refreshRunning();
+  } catch (e) {
+    showError(e.message);
+    if (state.current === q.sid && !$("input").value) { $("input").value = q.text; growInput(); }  // not lost
+  }
+}
 client.on("close", ({ failedOpens }) => { showConn(); if (failedOpens >= 3) checkRefused(); });
 client.on("push", onFrame);
 client.on("sessions", () => renderSidebar());
@@ -218,8 +256,8 @@ async function rejoinAll() {
     state.projects = (await request("list_projects")).projects;
     renderProject();
     refreshRunning();
-    const sid = state.current || new URLSearchParams(location.hash.slice(1)).get("s");
-    if (sid && state.sessions.has(sid)) await openSession(sid, { keep: true });
+    const sid = state.wanted || state.current || new URLSearchParams(location.hash.slice(1)).get("s");
+    if (sid && state.sessions.has(sid)) await openSession(sid, { keep: sid === state.current, push: false });
     else if (!state.current) openDraft();
   } catch (e) { showError(e.message); }
 }
@@ -236,17 +274,37 @@ async function refreshRunning(tries = 10) {
 
 // -- sessions and messages ---------------------------------------------------------
 
-async function openSession(sid, { keep = false } = {}) {
+// `push`: a chat the user opened gets its own history entry (Back and Forward
+// move between chats); a re-join or a popstate replaces it.
+async function openSession(sid, { keep = false, push = !keep } = {}) {
   const had = keep && sid === state.current ? state.messages : new Map();
-  if (sid !== state.current) {
+  const before = state.current;
+  if (!state.online && sid !== before) {  // offline: say so, stay, and open it when back
+    state.wanted = sid;
+    showError("Offline: this chat opens when the connection is back.");
+    closeDrawer();
+    return;
+  }
+  if (sid !== before) {
     closeRename();
+    saveDraft();
     for (const f of state.follows.values()) f.close();
     state.follows.clear();
   }
   state.current = sid;
-  history.replaceState(null, "", `${location.pathname}${location.search}#s=${sid}`);
+  state.wanted = null;
+  go(`#s=${sid}`, push && sid !== before);
   closeDrawer();
-  const loaded = await request("load_session", { session_id: sid });
+  if (sid !== before) restoreDraft();
+  let loaded;
+  try {
+    loaded = await request("load_session", { session_id: sid });
+  } catch (e) {
+    if (state.current !== sid) return;
+    if (!state.online) state.wanted = sid;  // (the socket went meanwhile: open it when back)
+    showError(e.message);
+    return;
+  }
   if (state.current !== sid) return;
   state.sessions.set(sid, loaded.session);
   if (!keep) state.nodes = new Map();
@@ -337,23 +395,25 @@ function announce(m) {
   const said = m._said ?? 0;
   const upto = isOpen(m) ? m.content.lastIndexOf("\n\n") : m.content.length;
   if (upto <= said) return;
-  const text = m.content.slice(said, upto).trim();
+  const text = plainText(m.content.slice(said, upto));
   m._said = upto;
   if (text) $("announce").textContent = text;
   if (!isOpen(m)) {
-    const end = m.status === "done" ? "Reply finished." : `Reply ${m.status}.`;
+    const end = m.status === "done" ? "Reply finished." : stoppedByUser(m) ? "Reply stopped."
+      : m.status === "error" ? "Reply failed." : "Reply interrupted.";
     setTimeout(() => { $("announce").textContent = end; }, 50);
   }
 }
 
-function openDraft() {
+function openDraft({ push = false } = {}) {
   closeRename();
-  state.current = null;
+  if (state.current !== null) { saveDraft(); state.current = null; restoreDraft(); }
+  state.wanted = null;
   state.messages = new Map();
   state.order = [];
   state.nodes = new Map();
   state.stick = true;
-  history.replaceState(null, "", `${location.pathname}${location.search}`);
+  go("", push);
   renderAll();
 }
 
@@ -448,7 +508,8 @@ function renderSidebar() {
   const want = visibleRows().map(rowNode);
   if (!want.length) {
     const q = state.search.trim();
-    const why = q ? `No chats match “${q}”.` : state.view === "archived" ? "No archived chats."
+    const why = !state.everOpened ? "Not connected yet: your chats show here once the page reaches the server."
+      : q ? `No chats match “${q}”.` : state.view === "archived" ? "No archived chats."
       : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
     noneNode ??= el("li", { class: "none" });
     if (noneNode.textContent !== why) noneNode.textContent = why;
@@ -507,7 +568,7 @@ function renderRunning() {
     const row = state.sessions.get(r.session_id);
     return el("li", {}, el("button", { type: "button", class: "row", onclick: () => { list.hidden = true;
       btn.setAttribute("aria-expanded", "false"); openSession(r.session_id); } },
-      `${row ? rowName(row) : r.session_id} · ${r.kind.replace("_", " ")}`));
+      `${row ? rowName(row) : r.session_id} · ${KIND_WORDS[r.kind] || r.kind.replaceAll("_", " ")}`));
   }));
 }
 
@@ -604,10 +665,12 @@ function buildNode(m) {
 function drawNode(m, node = state.nodes.get(m.msg_id)) {
   if (!node) return;
   state.dirty.delete(m.msg_id);
-  node.className = m.caller ? `block ${m.kind} ${m.status}` : `msg ${m.role} ${m.status}`;
+  const stopped = stoppedByUser(m);
+  node.className = (m.caller ? `block ${m.kind} ${m.status}` : `msg ${m.role} ${m.status}`) + (stopped ? " stopped" : "");
   node.dataset.status = m.status;
   const reason = m.metadata?.aborted_reason || m.error;
-  const badge = m.status !== "done" ? el("span", { class: `badge ${m.status}` }, m.status) : null;
+  const word = stopped ? "stopped" : m.status === "aborted" ? "interrupted" : m.status === "error" ? "failed" : m.status;
+  const badge = m.status !== "done" ? el("span", { class: `badge ${stopped ? "stopped" : m.status}` }, word) : null;
   if (m.caller) {
     const label = m.kind === "tool_call" ? `Tool call${m.metadata?.tool ? ": " + m.metadata.tool : ""}`
       : m.kind === "agentic_fn" ? `Agentic function${m.metadata?.function ? ": " + m.metadata.function : ""}`
@@ -619,7 +682,8 @@ function drawNode(m, node = state.nodes.get(m.msg_id)) {
       if (m.content.startsWith(pre.textContent)) pre.append(m.content.slice(pre.textContent.length));
       else pre.textContent = m.content;
     }
-    node.querySelector(".meta").replaceChildren(...(reason && m.status !== "done" ? [el("div", { class: "why" }, reason)] : []));
+    node.querySelector(".meta").replaceChildren(...(reason && m.status !== "done"
+      ? [el("div", { class: stopped ? "why stopped" : "why" }, REASON_WORDS[reason] || reason)] : []));
     return;
   }
   const who = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : m.role;
@@ -651,7 +715,9 @@ function focusControl(msgId, key) {
 function metaParts(m, reason) {
   const out = [];
   if (m.status === "aborted" || m.status === "error") {
-    out.push(el("div", { class: "why" }, `${m.status === "aborted" ? "Aborted" : "Error"}: ${reason || "unknown"}`));
+    const words = m.status === "error" ? `Failed: ${reason || "the reply could not be written"}`
+      : REASON_WORDS[reason] || `Interrupted: ${reason || "it ended early"}`;
+    out.push(el("div", { class: stoppedByUser(m) ? "why stopped" : "why" }, words));
   }
   const controls = [];
   const sibs = m.siblings || [];
@@ -688,8 +754,9 @@ function renderProject() {
   const chip = $("project-chip"), picker = $("project-picker");
   chip.hidden = !frozen;
   picker.hidden = !!frozen;
-  chip.textContent = `${p.name}${p.path ? " — " + p.path : ""}`;
-  chip.title = p.path;
+  chip.replaceChildren(`Project: ${p.name}`, ...(p.path ? [el("span", { class: "chip-path" }, ` · ${p.path}`)] : []),
+    ...(p.path_missing ? [" (folder not found)"] : []));
+  chip.title = frozen ? `This chat stays in the project ${p.name}${p.path ? " (" + p.path + ")" : ""}` : p.path;
   chip.className = `chip${frozen ? " frozen" : ""}${p.path_missing ? " missing" : ""}`;
   picker.replaceChildren(...state.projects.map((q) => el("option", { value: q.id }, `${q.name}${q.path_missing ? " (missing)" : ""}`)));
   picker.value = p.id;
@@ -706,18 +773,23 @@ function runningReply() {
   return null;
 }
 
-// Send turns into Stop while this chat's reply streams; offline, nothing is sent.
+// Send turns into Stop while this chat's reply streams. Offline one can
+// still type, and Send queues the message: it goes once the connection is
+// back (Send again takes it back); nothing can be stopped from here.
 function renderComposer() {
-  const running = state.online && runningReply();  // offline, nothing can be stopped from here
+  const running = state.online && runningReply();
   const send = $("send");
-  send.textContent = running ? "Stop" : "Send";
+  send.textContent = running ? "Stop" : state.queued ? "Unqueue" : "Send";
   send.classList.toggle("danger", !!running);
-  send.disabled = !state.online || state.sending;
-  const input = $("input");
-  const hadFocus = document.activeElement === input;
-  input.disabled = !state.online;
-  if (state.online && input.dataset.refocus) { delete input.dataset.refocus; if (document.activeElement === document.body) input.focus(); }
-  if (!state.online && hadFocus) input.dataset.refocus = "1";  // a disabled box loses focus: give it back
+  send.classList.toggle("queued", !!state.queued);
+  send.disabled = state.sending || (!state.online && !!runningReply());
+  send.title = state.queued ? "Take the queued message back into the box" : "";
+  $("queued-note").hidden = !state.queued;
+  if (state.queued) $("queued-note").textContent = `Offline: “${state.queued.text.trim().slice(0, 80)}” is queued and goes when the connection is back.`;
+  if (state.online && $("input").dataset.refocus) {
+    delete $("input").dataset.refocus;
+    if (document.activeElement === document.body) $("input").focus();
+  }
 }
 
 function renderAll() { renderSidebar(); renderHeader(); renderMessages(); renderComposer(); }
@@ -729,7 +801,8 @@ function showConn() {
   document.body.classList.toggle("offline", !state.online);
   const banner = $("offline-banner");
   banner.hidden = state.online || !state.everOpened;
-  banner.textContent = "Connection lost: reconnecting… Sending and Stop are paused until it is back; what the server wrote meanwhile will then show here.";
+  banner.textContent = "Connection lost: reconnecting… You can keep typing: a message you send now goes when the connection is back, and what the server wrote meanwhile shows then.";
+  renderSidebar();  // (its empty line says why)
   renderComposer();
 }
 
@@ -757,6 +830,17 @@ async function switchBranch(msgId, key) {
 }
 
 async function send(text) {
+  if (!state.online) {  // queued for the chat it was written in (or taken back): it goes when the connection is
+    if (state.queued) { $("input").value = state.queued.text; state.queued = null; }
+    else if (text.trim() && !runningReply()) {
+      state.queued = { text, sid: state.current, project: state.draftProject };
+      $("input").value = "";
+      saveDraft();
+    }
+    growInput();
+    renderComposer();
+    return;
+  }
   if (runningReply()) {
     // the second click of a double click on Send is not a Stop
     if (state.sendClicks < 2) act("stop", { msg_id: runningReply().msg_id });
@@ -770,6 +854,7 @@ async function send(text) {
     const ack = await request("chat", fields);
     $("input").value = "";
     growInput();
+    saveDraft();
     await openSession(ack.session_id, { keep: ack.session_id === state.current });
     refreshRunning();
   } catch (e) { showError(e.message); }
@@ -782,7 +867,31 @@ function growInput() {
   t.style.height = `${Math.min(t.scrollHeight + 2, 200)}px`;
 }
 
-function newChat() { openDraft(); closeDrawer(); $("input").focus(); }
+function newChat() { openDraft({ push: true }); closeDrawer(); $("input").focus(); }
+
+// The address holds the open chat (`#s=<id>`); Back and Forward move between chats.
+function go(hash, push) {
+  const url = `${location.pathname}${location.search}${hash}`;
+  if (url === location.pathname + location.search + location.hash) return;
+  if (push) history.pushState(null, "", url); else history.replaceState(null, "", url);
+}
+addEventListener("popstate", () => {
+  const sid = new URLSearchParams(location.hash.slice(1)).get("s");
+  if (sid && sid !== state.current) openSession(sid, { push: false });
+  else if (!sid && state.current !== null) openDraft();
+});
+
+// A draft per chat (and one for a new chat), kept in this tab (a reload keeps it).
+const DRAFT_KEY = "sessionlog-draft:";
+function saveDraft() {
+  const key = DRAFT_KEY + (state.current ?? "new"), text = $("input").value;
+  try { if (text) sessionStorage.setItem(key, text); else sessionStorage.removeItem(key); } catch { /* full: not kept */ }
+}
+function restoreDraft() {
+  $("input").value = sessionStorage.getItem(DRAFT_KEY + (state.current ?? "new")) || "";
+  growInput();
+}
+addEventListener("pagehide", saveDraft);
 
 function openDrawer() {
   document.body.classList.add("drawer-open");
