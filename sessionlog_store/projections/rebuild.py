@@ -26,6 +26,7 @@ from .checkpoint import (IndexCheckpoint, SessionEntry, SessionSnapshot, encode_
                          index_path, read_index, read_snapshot, snapshot_is_older_format, snapshot_path,
                          write_index, write_snapshot)
 from .recovery import fold_until, load_session_state, recover_registry
+from .session import SessionMeta, SessionState
 
 Progress = Callable[[int, int], None]
 
@@ -42,8 +43,11 @@ class RebuildReport:
     seconds: float = 0.0
 
 
-def rebuild(fs: FileOps, root: str, progress: Progress | None = None) -> RebuildReport:
-    """Replay every log in full; rewrite index.json and every snapshot.json."""
+def rebuild(fs: FileOps, root: str, progress: Progress | None = None,
+            each: Callable[[str, SessionMeta, SessionState], None] | None = None) -> RebuildReport:
+    """Replay every log in full; rewrite index.json and every snapshot.json;
+    `each(sid, meta, state)` for every session replayed (another projection
+    written from the same pass: the search index)."""
     t0 = time.perf_counter()
     registry, found, rep = recover_registry(fs, root, use_checkpoint=False, repair=True, progress=progress)
     out = RebuildReport(sessions=len(registry), records=rep.records,
@@ -61,6 +65,8 @@ def rebuild(fs: FileOps, root: str, progress: Progress | None = None) -> Rebuild
         state, _ = load_session_state(fs, root, sid, use_snapshot=False)
         write_snapshot(fs, root, sid, encode_snapshot(state))
         out.snapshots += 1
+        if each is not None:
+            each(sid, rec.meta, state)
     write_index(fs, root, encode_index(IndexCheckpoint(written_at=time.time(), sessions=entries)))
     out.seconds = time.perf_counter() - t0
     return out

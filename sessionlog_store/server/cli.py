@@ -87,11 +87,12 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     fd = lock_root(root)
     try:
         from sessionlog_store.server.gc_policy import gc_paused
-        with gc_paused():
-            r = rebuild(OS_FILES, root, progress=_progress("rebuild"))
+        from sessionlog_store.server.local.search import rebuild_writer
+        with gc_paused(), rebuild_writer(root) as write_search:
+            r = rebuild(OS_FILES, root, progress=_progress("rebuild"), each=write_search)
     finally:
         os.close(fd)
-    print(f"rebuilt {args.root}: {r.sessions} sessions, {r.records} records, {r.snapshots} snapshots, "
+    print(f"rebuilt {args.root}: {r.sessions} sessions, {r.records} records, {r.snapshots} snapshots (and the search index), "
           f"{len(r.torn_repaired)} torn tails repaired, {len(r.quarantined)} sessions quarantined, "
           f"{len(r.unfinished_deletions)} unfinished deletions completed, in {r.seconds:.2f} s")
     for line in r.torn_repaired + [f"quarantined: {q}" for q in r.quarantined] + r.notes:
@@ -555,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     _env_defaults(s, secret=frozenset({"token", "jwt_secret"}))
     s.set_defaults(func=cmd_serve)
 
-    r = sub.add_parser("rebuild", help="rebuild index.json and every snapshot from the logs")
+    r = sub.add_parser("rebuild", help="rebuild index.json, every snapshot and the search index from the logs")
     r.add_argument("--root", default=default_root(), help=root_help)
     r.add_argument("--backend", type=_backend_urls, default="local", metavar="local|nats://HOST:PORT[,...]",
                    help="replay a stream instead (what a worker's start does), changing nothing")

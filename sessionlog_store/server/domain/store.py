@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -52,6 +52,12 @@ FROZEN_ERROR = "project is frozen after the first turn"
 Watcher = Callable[[str, dict[str, Any]], None]  # (kind, data)
 ScopedWatcher = Callable[[str, dict[str, Any], str], None]  # (kind, data, owner of the session)
 _FEED_KINDS = frozenset({"session_created", "session_updated", "session_deleted"})
+
+
+class Searcher(Protocol):
+    """Full-text search over a store's finished messages (server/local/search.py)."""
+
+    async def search(self, text: str, *, owner: str | None, limit: int = 20, offset: int = 0) -> dict[str, Any]: ...
 
 
 class SessionStore:
@@ -98,6 +104,7 @@ class SessionStore:
         self.finalize_message, self.retry_target = replies.finalize_message, replies.retry_target
         self.switch_branch, self.list_running = replies.switch_branch, replies.list_running
         self.publishing = 0  # terminal updates waiting for their record to be durable
+        self.search: Searcher | None = None  # full-text search, where the backend keeps it (the local one)
         es.listeners.append(self._on_record)
         es.append_listeners.append(self.after_append)
 

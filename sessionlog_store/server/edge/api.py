@@ -215,6 +215,11 @@ async def _appends(c: Call) -> Any:
     return {"results": out}
 
 
+async def _search(c: Call) -> Any:
+    q: t.SearchQuery = c.query
+    return (await c.ops.run(p.Search(query=q.q, limit=q.limit, offset=q.offset)))[1]
+
+
 async def _running(c: Call) -> Any:
     return (await c.ops.run(p.ListRunning()))[1]
 
@@ -260,6 +265,8 @@ ROUTES: Final = (
           _relocate, t.Relocated, body=t.Relocation, errors=(400, 401, 404, 409)),
     Route("POST", "/v1/chat", "chat", "A user's message and the server's agent's reply to it (in a new "
           "session without `session_id`)", _chat, t.ChatAck, 201, body=t.NewChat, errors=(400, 401, 404, 409, 429)),
+    Route("GET", "/v1/search", "search", "Full-text search over the user's finished messages, best first, with "
+          "snippets and the matches' ranges", _search, t.SearchResults, query=t.SearchQuery, errors=(400, 401, 503)),
     Route("GET", "/v1/running", "listRunning", "The replies running now", _running, t.RunningList,
           errors=(400, 401)),
     Route("GET", "/v1/projects", "listProjects", "The default project and the user's", _projects, t.ProjectList,

@@ -30,6 +30,13 @@ class Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 # -- request bodies and queries -------------------------------------------------
 
+class SearchQuery(Body):
+    """GET /v1/search: the words (every one must occur, the last as a prefix), paging."""
+    q: Annotated[str, msgspec.Meta(max_length=500)]
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 20
+    offset: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 0
+
+
 class SessionQuery(Body):
     """GET /v1/sessions: paging, the archive switches, `since` and the
     filters (each field left out: not filtered on)."""
@@ -330,6 +337,25 @@ class RunningReply(Answer):
 
 class RunningList(Answer):
     running: list[RunningReply]
+
+
+class SearchHit(Answer):
+    session_id: str
+    msg_id: str
+    role: str
+    kind: str
+    at: float
+    snippet: str          # the message's text around the matches ("…" where cut)
+    marks: list[list[int]]  # [start, end) of each match in `snippet`, in code points
+    title: str
+    archived: bool
+
+
+class SearchResults(Answer):
+    query: str
+    hits: list[SearchHit]
+    indexing: bool        # a start is still indexing sessions written while it was down: more may come
+    complete: bool        # false: the index stopped writing (the server's log says why): older hits only
 
 
 class ErrorDetail(Answer):

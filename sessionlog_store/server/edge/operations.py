@@ -136,6 +136,17 @@ class Operations:
                 self._audit_all("list_running")
                 return "running_list", {"running": self.owners_shown(store.list_running(self.principal.reads),
                                                                          "session_id")}
+            case p.Search(query=text, limit=limit, offset=offset):
+                self._audit_all("search")
+                if store.search is None:
+                    raise ServiceError("unavailable", "search is kept by the local store only (docs/PROTOCOL.md)")
+                found = await store.search.search(text, owner=self.principal.reads, limit=limit, offset=offset)
+                of_hit = {sid: store.get_row(sid) for sid in {h["session_id"] for h in found["hits"]}
+                        if sid in store.registry.rows}  # (a session deleted since it was indexed: not a hit)
+                found["hits"] = [{**h, "title": of_hit[h["session_id"]]["title"] or of_hit[h["session_id"]]["preview"] or "",
+                                  "archived": of_hit[h["session_id"]]["archived"]}
+                                 for h in found["hits"] if h["session_id"] in of_hit]
+                return "search_results", found
             case p.Chat() as r:
                 return await self.chat(r)
             case p.Stop(session_id=sid, msg_id=mid):

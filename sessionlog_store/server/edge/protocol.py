@@ -60,6 +60,13 @@ class ListRunning(Action, tag="list_running", kw_only=True, frozen=True):
     pass
 
 
+class Search(Action, tag="search", kw_only=True, frozen=True):
+    """Full-text search over the user's finished messages (server/local/search.py)."""
+    query: Annotated[str, msgspec.Meta(max_length=500)]
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 20
+    offset: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 0
+
+
 class Chat(Action, tag="chat", kw_only=True, frozen=True):
     session_id: Sid | None = None
     content: str
@@ -139,7 +146,7 @@ class RelocateProject(Action, tag="relocate_project", kw_only=True, frozen=True)
 
 ClientAction = (ListSessions | CreateSession | LoadSession | Chat | SubscribeMsg | UnsubscribeMsg | Stop
                 | Retry | SwitchBranch | RenameSession | SetArchived | SetPinned | SetUnread | DeleteSession
-                | SetSessionProject | ListProjects | CreateProject | RelocateProject | ListRunning)
+                | SetSessionProject | ListProjects | CreateProject | RelocateProject | ListRunning | Search)
 
 ACTIONS: Final = frozenset(c.__struct_config__.tag for c in ClientAction.__args__)
 

@@ -8,6 +8,8 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import trio
+
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.eventstore.local.opening import open_event_store
 from sessionlog_store.eventstore.local.projects import LocalProjectLog
@@ -16,6 +18,7 @@ from sessionlog_store.server.domain.inflight import SLOTS
 from sessionlog_store.server.domain.store import SessionStore, running
 from sessionlog_store.server.domain.titles import KeywordTitler, TitleGenerator
 from sessionlog_store.server.local.keeper import LocalKeeper
+from sessionlog_store.server.local.search import SearchIndex
 from sessionlog_store.server.local.startup import recover, start
 
 
@@ -45,5 +48,15 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
         assert isinstance(kept, LocalKeeper)
         await start(store, config, es, kept.caches, kept.prefix_check, LocalProjectLog(fs, root), found, report)
         del found  # (a SessionRecovery a session: not kept for the store's life; issue 29, memory)
-        async with running(store) as ready:
-            yield ready
+        search = await trio.to_thread.run_sync(lambda: SearchIndex(
+            root, owner_of=lambda sid: (m.owner if (m := store.registry.get(sid)) is not None else None),
+            last_seq=es.last_seq, sessions=lambda: list(store.registry.rows)))
+        store.search = search
+        es.listeners.append(search.on_record)
+        try:
+            async with running(store) as ready:
+                ready.spawn(search.run)
+                yield ready
+        finally:
+            es.listeners.remove(search.on_record)
+            search.close()

@@ -1,0 +1,292 @@
+"""Full-text search over every finished message of a store, in SQLite FTS5
+(the standard library's sqlite3): `<root>/search.sqlite`, a projection of
+the logs kept live by the same appends (projections/search.py says what is
+indexed and when), answered per user.
+
+Writes are batched: the fold's operations queue up as records are appended,
+and one task writes them, a transaction per batch, in a worker thread. Each
+session's row in `indexed` holds the last seq written for it; a start
+indexes again every session whose log is past that (a crash, a stop that
+cut the writer short, a first start on an older store) while it already
+answers. The file is a cache of the logs: unreadable, it is deleted and
+written again; `sessionlog rebuild` writes it from nothing. Measured in
+bench/ (`python -m bench search`)."""
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.record import Record
+from sessionlog_store.projections.recovery import load_session_state
+from sessionlog_store.projections.session import SessionMeta, SessionState
+from sessionlog_store.projections.search import (
+    MARK_CLOSE,
+    MARK_OPEN,
+    Drop,
+    Op,
+    Put,
+    Redo,
+    SearchFold,
+    fts_query,
+    puts_of,
+    split_marks,
+)
+
+log = logging.getLogger("sessionlog.search")
+
+FILE = "search.sqlite"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, msg_id TEXT NOT NULL,
+  owner TEXT NOT NULL, role TEXT NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL, UNIQUE (session_id, msg_id));
+CREATE INDEX IF NOT EXISTS docs_owner ON docs (owner);
+CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (body, tokenize = 'unicode61 remove_diacritics 2');
+CREATE TABLE IF NOT EXISTS indexed (session_id TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+"""
+MAX_LIMIT = 100
+
+
+class SearchDB:
+    """The SQLite side (blocking: called in a worker thread, one call at a time)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as e:  # a cache: start it again
+            log.warning("search index %s unreadable (%s): writing it again", self.path, e)
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(self.path + suffix)
+                except FileNotFoundError:
+                    pass
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # (a cache of the logs: a power cut may undo its last batch)
+        db.executescript(SCHEMA)
+        db.execute("SELECT count(*) FROM indexed").fetchone()
+        return db
+
+    def close(self) -> None:
+        self.db.close()
+
+    def indexed(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT session_id, seq FROM indexed").fetchall())
+
+    def write(self, ops: list[tuple[str, Any]], seqs: dict[str, int]) -> None:
+        """One transaction: ("put", (put, owner)), ("drop", sid), ("replace", (sid, owner, puts)); then the seqs."""
+        db = self.db
+        db.execute("BEGIN")
+        try:
+            for what, arg in ops:
+                if what == "put":
+                    self._put(*arg)
+                elif what == "drop":
+                    self._drop(arg)
+                else:
+                    sid, owner, puts = arg
+                    self._drop(sid)
+                    for p in puts:
+                        self._put(p, owner)
+            for sid, seq in seqs.items():
+                if seq < 0:
+                    db.execute("DELETE FROM indexed WHERE session_id = ?", (sid,))
+                else:
+                    db.execute("INSERT INTO indexed VALUES (?, ?) ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq "
+                               "WHERE excluded.seq > indexed.seq", (sid, seq))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _put(self, p: Put, owner: str) -> None:
+        db = self.db
+        old = db.execute("SELECT id FROM docs WHERE session_id = ? AND msg_id = ?", (p.session_id, p.msg_id)).fetchone()
+        if old is not None:
+            db.execute("DELETE FROM fts WHERE rowid = ?", old)
+            db.execute("DELETE FROM docs WHERE id = ?", old)
+        cur = db.execute("INSERT INTO docs (session_id, msg_id, owner, role, kind, at) VALUES (?, ?, ?, ?, ?, ?)",
+                         (p.session_id, p.msg_id, owner, p.role, p.kind, p.at))
+        db.execute("INSERT INTO fts (rowid, body) VALUES (?, ?)", (cur.lastrowid, p.text))
+
+    def _drop(self, sid: str) -> None:
+        self.db.execute("DELETE FROM fts WHERE rowid IN (SELECT id FROM docs WHERE session_id = ?)", (sid,))
+        self.db.execute("DELETE FROM docs WHERE session_id = ?", (sid,))
+
+    def query(self, match: str, owner: str | None, limit: int, offset: int) -> list[tuple[Any, ...]]:
+        scope = "" if owner is None else "AND d.owner = ?"
+        args: tuple[Any, ...] = (match,) + (() if owner is None else (owner,)) + (limit, offset)
+        return self.db.execute(
+            "SELECT d.session_id, d.msg_id, d.role, d.kind, d.at, "
+            f"snippet(fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', 16) "
+            f"FROM fts JOIN docs d ON d.id = fts.rowid WHERE fts MATCH ? {scope} ORDER BY rank LIMIT ? OFFSET ?",
+            args).fetchall()
+
+    def count(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM docs").fetchone()[0])
+
+
+@contextmanager
+def rebuild_writer(root: str) -> Iterator[Callable[[str, SessionMeta, SessionState], None]]:
+    """For `sessionlog rebuild`: the index written from nothing, a session at a time."""
+    path = os.path.join(root, FILE)
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.unlink(path + suffix)
+        except FileNotFoundError:
+            pass
+    db = SearchDB(path)
+
+    def each(sid: str, meta: SessionMeta, state: SessionState) -> None:
+        db.write([("replace", (sid, meta.owner, puts_of(sid, state)))], {sid: state.seq})
+    try:
+        yield each
+    finally:
+        db.close()
+
+
+class SearchIndex:
+    """The store's search: fold the records as they are appended, write in
+    batches, catch up at the start, answer queries scoped to an owner.
+
+    `owner_of(sid)` and `last_seq(sid)` come from the store (its registry and
+    its log); `sessions()` lists the sessions there are."""
+
+    def __init__(self, root: str, *, owner_of: Callable[[str], str | None], last_seq: Callable[[str], int],
+                 sessions: Callable[[], Iterable[str]]) -> None:
+        self.root = root
+        self.db = SearchDB(os.path.join(root, FILE))
+        self.fold = SearchFold()
+        self.owner_of, self.last_seq, self.sessions = owner_of, last_seq, sessions
+        self._queue: list[tuple[str, Op, int]] = []  # (session, op, seq) as appended
+        self._seen: dict[str, int] = {}              # session -> the last seq folded
+        self._wake = trio.Event()
+        self._lock = threading.Lock()                 # one SQLite call at a time
+        self.catching_up = True
+        self.written = trio.Condition()               # (tests: a batch is in the index)
+        self.batches = 0
+        self.broken: str | None = None                # why it stopped writing (it answers from what it has)
+
+    # -- fed by the event log (a listener: sync, in the appending task) --
+
+    def on_record(self, sid: str, rec: Record, end: int) -> None:
+        for op in self.fold.apply(sid, rec):
+            self._queue.append((sid, op, rec.seq))
+        self._seen[sid] = rec.seq
+        if self._queue or type(rec.event).__name__ != "MessageProgress":
+            self._wake.set()
+
+    # -- the writer --
+
+    async def run(self) -> None:
+        """Catch up, then write what the appends bring, until cancelled."""
+        try:
+            await self.catch_up()
+        except (sqlite3.Error, OSError) as e:
+            self._failed(e)
+        finally:
+            self.catching_up = False
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self.flush()
+            except (sqlite3.Error, OSError) as e:  # a full disk, say: the store goes on; the next start catches up
+                self._failed(e)
+
+    def _failed(self, e: BaseException) -> None:
+        if self.broken is None:
+            log.error("search index: %s (searches answer from what it holds; the next start catches up)", e)
+        self.broken = str(e)
+
+    async def flush(self) -> None:
+        """Write what is queued (one transaction)."""
+        queue, self._queue = self._queue, []
+        seen, self._seen = self._seen, {}
+        ops: list[tuple[str, Any]] = []
+        redo: set[str] = set()
+        for sid, op, _ in queue:
+            if isinstance(op, Put):
+                owner = self.owner_of(sid)
+                if owner is not None:
+                    ops.append(("put", (op, owner)))
+            elif isinstance(op, Drop):
+                ops.append(("drop", sid))
+                seen[sid] = -1
+            elif isinstance(op, Redo):
+                redo.add(sid)
+        for sid in redo:
+            seen.pop(sid, None)  # (its seq is written with its pass over the log)
+        if ops or seen:
+            await self._call(self.db.write, ops, seen)
+        for sid in redo:
+            await self.reindex(sid)
+        self.batches += 1
+        async with self.written:
+            self.written.notify_all()
+
+    async def reindex(self, sid: str) -> None:
+        """One session from its log (snapshot and tail), replacing what is indexed of it."""
+        owner = self.owner_of(sid)
+        if owner is None:
+            return
+        try:
+            state, _ = await trio.to_thread.run_sync(load_session_state, OS_FILES, self.root, sid)
+        except (OSError, ValueError) as e:  # (gone meanwhile, or damaged: the store says which)
+            log.warning("search: session %s not indexed: %s", sid, e)
+            return
+        puts = puts_of(sid, state)
+        await self._call(self.db.write, [("replace", (sid, owner, puts))], {sid: state.seq})
+
+    async def catch_up(self) -> None:
+        """Every session whose log is past what the index holds of it, again;
+        what it holds of sessions gone, out."""
+        done = await self._call(self.db.indexed)
+        live = set(self.sessions())
+        gone = [sid for sid in done if sid not in live]
+        if gone:
+            await self._call(self.db.write, [("drop", sid) for sid in gone], {sid: -1 for sid in gone})
+        behind = [sid for sid in live if done.get(sid, 0) < self.last_seq(sid)]
+        for sid in behind:
+            await self.reindex(sid)
+        if behind or gone:
+            log.info("search: %d sessions indexed again, %d dropped", len(behind), len(gone))
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        def locked() -> Any:
+            with self._lock:
+                return fn(*args)
+        return await trio.to_thread.run_sync(locked)
+
+    # -- queries --
+
+    async def search(self, text: str, *, owner: str | None, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+        """Hits for `text` among `owner`'s sessions (None: everyone's, an
+        admin's read), best first: session, message, role, kind, time, and a
+        snippet with the matches' ranges."""
+        match = fts_query(text)
+        hits: list[dict[str, Any]] = []
+        if match is not None:
+            rows = await self._call(self.db.query, match, owner, max(1, min(limit, MAX_LIMIT)), max(0, offset))
+            for sid, mid, role, kind, at, snip in rows:
+                plain, marks = split_marks(snip)
+                hits.append({"session_id": sid, "msg_id": mid, "role": role, "kind": kind, "at": at,
+                             "snippet": plain, "marks": [list(m) for m in marks]})
+        return {"query": text, "hits": hits, "indexing": self.catching_up, "complete": self.broken is None}
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
