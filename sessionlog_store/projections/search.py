@@ -109,7 +109,7 @@ def fts_query(text: str) -> str | None:
     if not words:
         return None
     quoted = [f'"{w}"' for w in words]
-    if not text.rstrip() or text.rstrip()[-1:].isalnum() or text.rstrip()[-1:] == "_":
+    if text[-1:].isalnum() or text[-1:] == "_":
         quoted[-1] += "*"  # (still typing it)
     return " ".join(quoted)
 

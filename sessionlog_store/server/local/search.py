@@ -179,6 +179,7 @@ class SearchIndex:
         self.written = trio.Condition()               # (tests: a batch is in the index)
         self.batches = 0
         self.broken: str | None = None                # why it stopped writing (it answers from what it has)
+        self._flushing = False
 
     # -- fed by the event log (a listener: sync, in the appending task) --
 
@@ -199,6 +200,8 @@ class SearchIndex:
             self._failed(e)
         finally:
             self.catching_up = False
+            async with self.written:
+                self.written.notify_all()
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
@@ -212,8 +215,25 @@ class SearchIndex:
             log.error("search index: %s (searches answer from what it holds; the next start catches up)", e)
         self.broken = str(e)
 
+    async def settled(self) -> None:
+        """Until what was appended before this call is written (or the index broke)."""
+        while (self._queue or self.catching_up or self._flushing) and self.broken is None:
+            self._wake.set()
+            async with self.written:
+                await self.written.wait()
+
     async def flush(self) -> None:
-        """Write what is queued (one transaction)."""
+        """Write what is queued (one transaction). Only `run` calls it: one at a time, in order."""
+        self._flushing = True
+        try:
+            await self._flush()
+        finally:
+            self._flushing = False
+            self.batches += 1
+            async with self.written:
+                self.written.notify_all()
+
+    async def _flush(self) -> None:
         queue, self._queue = self._queue, []
         seen, self._seen = self._seen, {}
         ops: list[tuple[str, Any]] = []
@@ -234,9 +254,6 @@ class SearchIndex:
             await self._call(self.db.write, ops, seen)
         for sid in redo:
             await self.reindex(sid)
-        self.batches += 1
-        async with self.written:
-            self.written.notify_all()
 
     async def reindex(self, sid: str) -> None:
         """One session from its log (snapshot and tail), replacing what is indexed of it."""

@@ -1,0 +1,162 @@
+"""Full-text search (issue 30 item 7): a projection of the logs in SQLite
+FTS5, kept live by the appends, caught up at a start, rebuilt by `sessionlog
+rebuild`, answered per user over the WebSocket and HTTP."""
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import trio
+
+from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress, SessionDeleted
+from sessionlog_store.eventstore.record import Record
+from sessionlog_store.projections.search import Drop, Put, Redo, SearchFold, fts_query, split_marks
+from sessionlog_store.server.local.search import FILE
+from sessionlog_store.server.stores import open_session_store
+
+from .httpc import HttpClient
+from .processes import ROOT, ServeProcess, free_port
+from .test_users import TOKENS, start_users, user
+
+
+def rec(seq: int, ev: object) -> Record:
+    return Record(seq, 1000.0 + seq, ev)  # type: ignore[arg-type]
+
+
+def test_the_fold_indexes_a_message_when_it_finishes_with_the_text_it_ended_with():
+    f = SearchFold()
+    assert f.apply("s", rec(1, MessageCreated(msg_id="u", content="hello there"))) == [
+        Put("s", "u", "user", "chat", 1001.0, "hello there")]
+    assert f.apply("s", rec(2, MessageCreated(msg_id="r", role="assistant", kind="llm_reply", status="running"))) == []
+    assert f.apply("s", rec(3, MessageProgress(msg_id="r", content_delta="a draft", offset=0))) == []
+    assert f.apply("s", rec(4, MessageProgress(msg_id="r", content_delta="n answer", offset=1))) == []  # (a rewrite)
+    assert f.apply("s", rec(5, MessageFinalized(msg_id="r"))) == [Put("s", "r", "assistant", "llm_reply", 1002.0, "an answer")]
+    # a finalize with its content: that text; one begun before the fold saw it: the log knows it
+    f.apply("s", rec(6, MessageCreated(msg_id="t", role="tool", kind="tool_call", status="running")))
+    assert f.apply("s", rec(7, MessageFinalized(msg_id="t", content="final words"))) == [
+        Put("s", "t", "tool", "tool_call", 1006.0, "final words")]
+    assert f.apply("s", rec(8, MessageFinalized(msg_id="older"))) == [Redo("s")]
+    assert f.apply("s", rec(9, MessageProgress(msg_id="gone", offset=5, content_delta="x"))) == []
+    assert f.apply("s", rec(10, SessionDeleted())) == [Drop("s")]
+
+
+def test_a_query_is_words_the_last_a_prefix_and_operators_are_words():
+    assert fts_query("lighthouse keep") == '"lighthouse" "keep"*'
+    assert fts_query("lighthouse keeper ") == '"lighthouse" "keeper"'
+    assert fts_query('NOT "x" OR body:y*') == '"NOT" "x" "OR" "body" "y"'
+    assert fts_query("  ...  ") is None
+    assert split_marks("a \x02bc\x03 d \x02e\x03") == ("a bc d e", [(2, 4), (7, 8)])
+
+
+async def test_finished_messages_are_found_running_ones_when_they_end_deleted_ones_never(root):
+    async with open_session_store(root) as store:
+        meta, _ = await store.create_session(first_message="Where does the lighthouse keeper live?")
+        other, _ = await store.create_session(first_message="something else", owner="bob")
+        async with trio.open_nursery() as n:
+            writing, go_on = trio.Event(), trio.Event()
+
+            async def reply() -> None:
+                async with store.inflight(meta.id) as msg:
+                    msg.write("By the harbour, near the windmill.")
+                    store.saver.flush(msg)
+                    writing.set()
+                    await go_on.wait()
+                    msg.write(" Bring a lantern.")
+            n.start_soon(reply)
+            await writing.wait()
+            await store.search.settled()
+            assert (await store.search.search("windmill", owner=""))["hits"] == [], "running: not yet"
+            go_on.set()
+        await store.search.settled()
+        found = (await store.search.search("lantern windm", owner=""))["hits"]
+        assert [h["role"] for h in found] == ["assistant"]
+        assert found[0]["snippet"] == "By the harbour, near the windmill. Bring a lantern."
+        assert found[0]["marks"] == [[25, 33], [43, 50]]  # "windmill", "lantern"
+        assert [h["role"] for h in (await store.search.search("lighthouse", owner=""))["hits"]] == ["user"]
+        assert (await store.search.search("lighthouse", owner="bob"))["hits"] == [], "another user's: not found"
+        assert len((await store.search.search("something", owner="bob"))["hits"]) == 1
+        assert len((await store.search.search("lighthouse", owner=None))["hits"]) == 1  # (an admin: everyone's)
+        await store.delete_session(meta.id)
+        await store.search.settled()
+        assert (await store.search.search("lighthouse", owner=""))["hits"] == []
+
+
+async def test_a_start_catches_up_what_the_index_missed_and_a_damaged_index_is_written_again(root):
+    async with open_session_store(root) as store:
+        meta, _ = await store.create_session(first_message="the quartz mountain")
+        async with store.inflight(meta.id) as msg:
+            msg.write("Quartz is a mineral.")
+        await store.search.settled()
+    # what a crash leaves: the index behind the logs (its last batches never written)
+    db = sqlite3.connect(os.path.join(root, FILE))
+    db.executescript("DELETE FROM fts; DELETE FROM docs; UPDATE indexed SET seq = 1;")
+    db.close()
+    async with open_session_store(root) as store:
+        await store.search.settled()
+        assert len((await store.search.search("quartz", owner=""))["hits"]) == 2
+    with open(os.path.join(root, FILE), "r+b") as f:  # torn garbage in the file
+        f.write(b"not a database at all" * 100)
+    async with open_session_store(root) as store:
+        await store.search.settled()
+        assert len((await store.search.search("mineral", owner=""))["hits"]) == 1
+    os.unlink(os.path.join(root, FILE))
+    r = subprocess.run([sys.executable, "-m", "sessionlog_store", "rebuild", "--root", root], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert "search index" in r.stdout
+    db = sqlite3.connect(os.path.join(root, FILE))
+    assert db.execute("SELECT count(*) FROM docs").fetchone()[0] == 2
+    db.close()
+
+
+async def test_search_over_http_and_the_websocket_is_each_users_own(root, nursery, tmp_path):
+    server = await start_users(nursery, root, tmp_path)
+    async with HttpClient(server.port, TOKENS["alice"]) as alice, HttpClient(server.port, TOKENS["bob"]) as bob:
+        sid = (await alice.request("POST", "/v1/sessions", {"title": "Birds"})).json()["session"]["id"]
+        await alice.request("POST", f"/v1/sessions/{sid}/messages", {"content": "the albatross glides"})
+        await server.store.search.settled()
+        a = (await alice.request("GET", "/v1/search?q=albat")).json()
+        assert [(h["session_id"], h["title"], h["snippet"]) for h in a["hits"]] == [(sid, "Birds", "the albatross glides")]
+        assert (await bob.request("GET", "/v1/search?q=albatross")).json()["hits"] == []
+        bad = await alice.request("GET", "/v1/search?q=x&limit=1000")
+        assert bad.status == 400
+    async with user(server, "alice") as ws:
+        got = await ws.request("search", query="glides")
+        assert [h["msg_id"] for h in got["hits"]] == [a["hits"][0]["msg_id"]]
+    async with user(server, "bob") as ws:
+        assert (await ws.request("search", query="glides"))["hits"] == []
+
+
+def test_a_reply_finished_before_a_sigkill_is_found_after_the_restart(tmp_path):
+    s = ServeProcess(str(tmp_path / "store"), free_port(), speed=0.0)
+    s.start()
+    try:
+        h = {"Authorization": f"Bearer {s.token}"}
+        base = f"http://127.0.0.1:{s.port}"
+        ack = httpx.post(f"{base}/v1/chat", json={"content": "tell me about replay"}, headers=h, timeout=30).json()
+        deadline = time.monotonic() + 60
+        while True:  # the reply is finished (and durable) when its status says so
+            m = httpx.get(f"{base}/v1/sessions/{ack['session_id']}", headers=h, timeout=30).json()["messages"]
+            if any(x["msg_id"] == ack["reply_id"] and x["status"] == "done" for x in m):
+                break
+            assert time.monotonic() < deadline, m
+            time.sleep(0.02)
+        reply = next(x["content"] for x in m if x["msg_id"] == ack["reply_id"])
+        s.kill()  # the index may not have its last batch: the start catches up
+        s.start()
+        word = max(reply.replace("*", " ").split(), key=len)
+        deadline = time.monotonic() + 60
+        while True:  # (`indexing`: the start's catch-up is still running)
+            got = httpx.get(f"{base}/v1/search", params={"q": word}, headers=h, timeout=30).json()
+            if not got["indexing"]:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert ack["reply_id"] in [x["msg_id"] for x in got["hits"]], (word, got)
+    finally:
+        s.stop()
