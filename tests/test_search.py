@@ -10,7 +10,6 @@ import sys
 import time
 
 import httpx
-import pytest
 import trio
 
 from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress, SessionDeleted
