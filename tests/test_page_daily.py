@@ -14,7 +14,7 @@ import pytest
 
 from .processes import ServeProcess, free_port
 from . import test_browser
-from .test_browser import axe_violations, open_page, phone_page
+from .test_browser import axe_violations, open_page, phone_page, shot
 
 browser = test_browser.browser  # its Chromium, one per module (a fixture)
 
@@ -542,4 +542,43 @@ def test_dark_mode_follows_the_system_and_keeps_contrast(serve, api, browser, si
     page.context.set_offline(False)
     page.emulate_media(color_scheme="light")
     assert page.evaluate("getComputedStyle(document.documentElement).backgroundColor") == "rgb(247, 247, 248)"
+    assert not page.errors
+
+
+# -- 7. Search through what was said ----------------------------------------------------
+
+@pytest.mark.parametrize("size", SIZES)
+def test_search_finds_a_phrase_from_a_reply_as_you_type_and_opens_it_at_the_message(serve, api, browser, size):
+    filler = "".join(f"Paragraph {i} of an earlier answer, about nothing in particular.\n\n" for i in range(30))
+    sid = api.session("Trip planning", first="Where should we stay?")
+    rid, stream = api.open_reply(sid, filler)
+    api.append(stream, "The **lighthouse keeper's cottage** rents by the week, near the harbour.", close=True)
+    for i in range(3):
+        api.session(f"Other chat {i}", first=f"nothing to see {i}")
+    page = at_size(browser, serve.url, size)
+    open_drawer(page, size)
+    page.focus("#search")
+    page.keyboard.type("keeper cott", delay=30)  # results as you type: the last word is a prefix
+    page.wait_for_selector("#hits button.hit")
+    hit = page.locator("#hits button.hit")
+    assert hit.count() == 1
+    assert "Trip planning" in hit.inner_text() and "cottage" in hit.inner_text()
+    assert page.locator("#hits mark").all_inner_texts() == ["keeper", "cottage"]
+    assert "No chats match" in page.inner_text("#sessions"), "no title says it: the messages do"
+    assert axe_violations(page) == [], "search results"
+    shot(page, f"search-{size}")
+    hit.click()
+    page.wait_for_function(f'window.sessionlog.current === "{sid}"')
+    page.wait_for_selector(f'[data-msg="{rid}"].found')
+    box = page.locator(f'[data-msg="{rid}"] .bubble').bounding_box()
+    assert box is not None, "the message is on screen"
+    assert page.evaluate(f"""(() => {{ const r = document.querySelector('[data-msg="{rid}"]').getBoundingClientRect();
+        const m = document.querySelector('#messages').getBoundingClientRect();
+        return r.bottom > m.top && r.top < m.bottom; }})()""")
+    # a word nobody wrote: said so
+    open_drawer(page, size)
+    page.fill("#search", "zeppelin")
+    page.wait_for_function("document.querySelector('#hits')?.innerText.includes('No message says that')")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#hits-box", state="hidden")
     assert not page.errors

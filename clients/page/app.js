@@ -944,7 +944,62 @@ document.querySelector(".skip-link").addEventListener("click", (ev) => {  // the
   ev.preventDefault(); closeDrawer(); $("input").focus();
 });
 $("new-chat").addEventListener("click", newChat);
-$("search").addEventListener("input", (ev) => { state.search = ev.target.value; renderSidebar(); });
+$("search").addEventListener("input", (ev) => { state.search = ev.target.value; renderSidebar(); searchMessages(); });
+
+// -- search through what was said: the server's full-text index, as you type --
+
+let searchTimer = null, searchSeq = 0;
+function searchMessages() {
+  clearTimeout(searchTimer);
+  const q = state.search.trim();
+  if (q.length < 2) { searchSeq++; renderHits(null); return; }
+  searchTimer = setTimeout(async () => {
+    const mine = ++searchSeq;
+    try {
+      const found = await request("search", { query: state.search, limit: 20 });
+      if (mine === searchSeq) renderHits(found);  // (an older answer never replaces a newer one)
+    } catch (e) { if (mine === searchSeq) renderHits({ hits: [], failed: e.message }); }
+  }, 150);
+}
+
+// A snippet with its matches marked (ranges in code points), as text nodes: nothing in it is markup.
+function marked(snippet, marks) {
+  const chars = Array.from(snippet), out = [];
+  let at = 0;
+  for (const [a, b] of marks) {
+    if (a > at) out.push(chars.slice(at, a).join(""));
+    out.push(el("mark", {}, chars.slice(a, b).join("")));
+    at = b;
+  }
+  if (at < chars.length) out.push(chars.slice(at).join(""));
+  return out;
+}
+
+function renderHits(found) {
+  const box = $("hits-box"), ul = $("hits");
+  box.hidden = !found;
+  if (!found) { ul.replaceChildren(); return; }
+  const who = { user: "You", assistant: "Reply", tool: "Tool" };
+  const items = found.hits.map((h) => el("li", {},
+    el("button", { class: "hit", type: "button", onclick: () => openHit(h) },
+      el("span", { class: "hit-title" }, h.title || "Untitled chat", h.archived ? el("span", { class: "badge archived" }, "archived") : null),
+      el("span", { class: "hit-snippet" }, el("span", { class: "hit-who" }, `${who[h.role] || h.role}: `), ...marked(h.snippet, h.marks)))));
+  if (!items.length) {
+    items.push(el("li", { class: "none" }, found.failed ? `Search failed: ${found.failed}`
+      : found.indexing ? "Nothing yet: the search index is still being built." : "No message says that."));
+  }
+  ul.replaceChildren(...items);
+}
+
+async function openHit(h) {
+  await openSession(h.session_id);
+  const node = state.nodes.get(h.msg_id);
+  if (!node) { showError("That message is on another version of the chat (‹ › under a reply)."); return; }
+  state.stick = false;
+  node.scrollIntoView({ block: "center" });
+  node.classList.add("found");
+  setTimeout(() => node.classList.remove("found"), 2000);
+}
 for (const b of $("views").children) b.addEventListener("click", () => { state.view = b.dataset.view; renderSidebar(); });
 $("views").addEventListener("keydown", (ev) => {  // arrow keys move between tabs
   if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
@@ -1108,7 +1163,7 @@ function onEscape(ev) {
   if (armed) { ev.preventDefault(); disarm(armed); return; }
   if (!$("menu").hidden) { ev.preventDefault(); closeMenu(true); return; }
   if (at === $("search") && (state.search || at.value)) {
-    ev.preventDefault(); at.value = ""; state.search = ""; renderSidebar(); return;
+    ev.preventDefault(); at.value = ""; state.search = ""; renderSidebar(); searchMessages(); return;
   }
   if (document.body.classList.contains("drawer-open")) { closeDrawer(); $("menu-btn").focus(); return; }
   const m = runningReply();

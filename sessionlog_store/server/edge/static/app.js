@@ -1383,7 +1383,74 @@
   $("search").addEventListener("input", (ev) => {
     state.search = ev.target.value;
     renderSidebar();
+    searchMessages();
   });
+  var searchTimer = null;
+  var searchSeq = 0;
+  function searchMessages() {
+    clearTimeout(searchTimer);
+    const q = state.search.trim();
+    if (q.length < 2) {
+      searchSeq++;
+      renderHits(null);
+      return;
+    }
+    searchTimer = setTimeout(async () => {
+      const mine = ++searchSeq;
+      try {
+        const found = await request("search", { query: state.search, limit: 20 });
+        if (mine === searchSeq) renderHits(found);
+      } catch (e) {
+        if (mine === searchSeq) renderHits({ hits: [], failed: e.message });
+      }
+    }, 150);
+  }
+  function marked(snippet, marks) {
+    const chars = Array.from(snippet), out = [];
+    let at = 0;
+    for (const [a, b] of marks) {
+      if (a > at) out.push(chars.slice(at, a).join(""));
+      out.push(el("mark", {}, chars.slice(a, b).join("")));
+      at = b;
+    }
+    if (at < chars.length) out.push(chars.slice(at).join(""));
+    return out;
+  }
+  function renderHits(found) {
+    const box = $("hits-box"), ul = $("hits");
+    box.hidden = !found;
+    if (!found) {
+      ul.replaceChildren();
+      return;
+    }
+    const who = { user: "You", assistant: "Reply", tool: "Tool" };
+    const items = found.hits.map((h) => el(
+      "li",
+      {},
+      el(
+        "button",
+        { class: "hit", type: "button", onclick: () => openHit(h) },
+        el("span", { class: "hit-title" }, h.title || "Untitled chat", h.archived ? el("span", { class: "badge archived" }, "archived") : null),
+        el("span", { class: "hit-snippet" }, el("span", { class: "hit-who" }, `${who[h.role] || h.role}: `), ...marked(h.snippet, h.marks))
+      )
+    ));
+    if (!items.length) {
+      items.push(el("li", { class: "none" }, found.failed ? `Search failed: ${found.failed}` : found.indexing ? "Nothing yet: the search index is still being built." : "No message says that."));
+    }
+    ul.replaceChildren(...items);
+  }
+  async function openHit(h) {
+    await openSession(h.session_id);
+    const node = state.nodes.get(h.msg_id);
+    if (!node) {
+      showError("That message is on another version of the chat (‹ › under a reply).");
+      return;
+    }
+    state.stick = false;
+    node.scrollIntoView({ block: "center" });
+    node.classList.add("found");
+    setTimeout(() => node.classList.remove("found"), 2e3);
+  }
   for (const b of $("views").children) b.addEventListener("click", () => {
     state.view = b.dataset.view;
     renderSidebar();
@@ -1605,6 +1672,7 @@
       at.value = "";
       state.search = "";
       renderSidebar();
+      searchMessages();
       return;
     }
     if (document.body.classList.contains("drawer-open")) {
