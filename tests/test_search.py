@@ -45,9 +45,9 @@ def test_the_fold_indexes_a_message_when_it_finishes_with_the_text_it_ended_with
 
 
 def test_a_query_is_words_the_last_a_prefix_and_operators_are_words():
-    assert fts_query("lighthouse keep") == '"lighthouse" "keep"*'
-    assert fts_query("lighthouse keeper ") == '"lighthouse" "keeper"'
-    assert fts_query('NOT "x" OR body:y*') == '"NOT" "x" "OR" "body" "y"'
+    assert fts_query("lighthouse keep") == 'body : "lighthouse" body : "keep"*'
+    assert fts_query("lighthouse keeper ") == 'body : "lighthouse" body : "keeper"'
+    assert fts_query('NOT "x" OR owner:y*') == 'body : "NOT" body : "x" body : "OR" body : "owner" body : "y"'
     assert fts_query("  ...  ") is None
     assert split_marks("a \x02bc\x03 d \x02e\x03") == ("a bc d e", [(2, 4), (7, 8)])
 

@@ -50,37 +50,57 @@ class Redo(msgspec.Struct, frozen=True):
 Op = Put | Drop | Redo
 
 
+class _Text:
+    """A running message's text as its pieces: a progress record at its end
+    is an append of one piece (no copy of the whole text per record)."""
+    __slots__ = ("role", "kind", "at", "parts", "length", "gap")
+
+    def __init__(self, role: str, kind: str, at: float, text: str) -> None:
+        self.role, self.kind, self.at = role, kind, at
+        self.parts = [text] if text else []
+        self.length = len(text)
+        self.gap = False
+
+    def put(self, offset: int, delta: str) -> None:
+        if offset != self.length:  # a rewrite (rare): cut, then go on
+            if offset > self.length:
+                self.gap = True  # (never expected: the log knows the text)
+                return
+            whole = "".join(self.parts)[:offset]
+            self.parts, self.length = [whole], offset
+        if delta:
+            self.parts.append(delta)
+            self.length += len(delta)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
 class SearchFold:
     """Records in, index operations out. Keeps the text of each running
     message (what the saver holds anyway) until it finishes."""
 
     def __init__(self) -> None:
-        self._running: dict[tuple[str, str], tuple[str, str, str, float]] = {}  # -> role, kind, text, at
+        self._running: dict[tuple[str, str], _Text] = {}
 
     def apply(self, sid: str, rec: Record) -> list[Op]:
         ev = rec.event
         if type(ev) is MessageProgress:
-            key = (sid, ev.msg_id)
-            held = self._running.get(key)
+            held = self._running.get((sid, ev.msg_id))
             if held is not None:
-                role, kind, text, at = held
-                if ev.offset > len(text):  # (a gap: never expected; the log knows the text)
-                    self._running[key] = (role, kind, "\0gap", at)
-                else:
-                    self._running[key] = (role, kind, text[:ev.offset] + ev.content_delta, at)
+                held.put(ev.offset, ev.content_delta)
             return []
         if isinstance(ev, MessageCreated):
             if ev.status in ("pending", "running"):
-                self._running[(sid, ev.msg_id)] = (ev.role, ev.kind, ev.content, rec.ts)
+                self._running[(sid, ev.msg_id)] = _Text(ev.role, ev.kind, rec.ts, ev.content)
                 return []
             return [Put(sid, ev.msg_id, ev.role, ev.kind, rec.ts, ev.content)] if ev.content.strip() else []
         if isinstance(ev, MessageFinalized):
             held = self._running.pop((sid, ev.msg_id), None)
-            if ev.content is not None and held is not None:
-                return [Put(sid, ev.msg_id, held[0], held[1], held[3], ev.content)] if ev.content.strip() else []
-            if held is None or held[2].startswith("\0gap"):
+            if held is None or (held.gap and ev.content is None):
                 return [Redo(sid)]  # (begun before this fold: its start is in the log only)
-            return [Put(sid, ev.msg_id, held[0], held[1], held[3], held[2])] if held[2].strip() else []
+            text = ev.content if ev.content is not None else held.text()
+            return [Put(sid, ev.msg_id, held.role, held.kind, held.at, text)] if text.strip() else []
         if isinstance(ev, SessionDeleted):
             for key in [k for k in self._running if k[0] == sid]:
                 del self._running[key]
@@ -102,13 +122,14 @@ MAX_TERMS = 12
 
 
 def fts_query(text: str) -> str | None:
-    """A person's words as an FTS5 query: every word must occur, the last
-    one as a prefix (results as you type); quotes, operators and column
-    filters in the input are words like any other. None: no word in it."""
+    """A person's words as an FTS5 query on the text: every word must
+    occur, the last one as a prefix (results as you type); quotes, operators
+    and column filters in the input are words like any other. None: no word
+    in it."""
     words = _WORD.findall(text)[:MAX_TERMS]
     if not words:
         return None
-    quoted = [f'"{w}"' for w in words]
+    quoted = [f'body : "{w}"' for w in words]
     if text[-1:].isalnum() or text[-1:] == "_":
         quoted[-1] += "*"  # (still typing it)
     return " ".join(quoted)

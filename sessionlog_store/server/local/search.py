@@ -45,12 +45,20 @@ log = logging.getLogger("sessionlog.search")
 FILE = "search.sqlite"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, msg_id TEXT NOT NULL,
-  owner TEXT NOT NULL, role TEXT NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL, UNIQUE (session_id, msg_id));
-CREATE INDEX IF NOT EXISTS docs_owner ON docs (owner);
-CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (body, tokenize = 'unicode61 remove_diacritics 2');
+  role TEXT NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL, UNIQUE (session_id, msg_id));
+CREATE INDEX IF NOT EXISTS docs_session ON docs (session_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (body, owner, tokenize = 'unicode61 remove_diacritics 2', prefix = '2 3');
 CREATE TABLE IF NOT EXISTS indexed (session_id TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 """
 MAX_LIMIT = 100
+VERSION = 2  # (PRAGMA user_version: an index of another layout is written again)
+
+
+def owner_token(owner: str) -> str:
+    """An owner as one FTS5 token of its own alphabet (no word a person
+    types matches it): the owner column makes a user's scope a posting list
+    the query intersects, not a filter over every match."""
+    return "o" + owner.encode().hex()
 
 
 class SearchDB:
@@ -76,7 +84,11 @@ class SearchDB:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # (a cache of the logs: a power cut may undo its last batch)
+        if db.execute("PRAGMA user_version").fetchone()[0] not in (0, VERSION):
+            db.close()
+            raise sqlite3.DatabaseError("an index of another layout")
         db.executescript(SCHEMA)
+        db.execute(f"PRAGMA user_version = {VERSION}")
         db.execute("SELECT count(*) FROM indexed").fetchone()
         return db
 
@@ -113,27 +125,37 @@ class SearchDB:
             raise
 
     def _put(self, p: Put, owner: str) -> None:
+        """A message in; its id is its time in microseconds (the next free
+        one): newest first is the index's own order, after a rebuild too."""
         db = self.db
         old = db.execute("SELECT id FROM docs WHERE session_id = ? AND msg_id = ?", (p.session_id, p.msg_id)).fetchone()
         if old is not None:
             db.execute("DELETE FROM fts WHERE rowid = ?", old)
             db.execute("DELETE FROM docs WHERE id = ?", old)
-        cur = db.execute("INSERT INTO docs (session_id, msg_id, owner, role, kind, at) VALUES (?, ?, ?, ?, ?, ?)",
-                         (p.session_id, p.msg_id, owner, p.role, p.kind, p.at))
-        db.execute("INSERT INTO fts (rowid, body) VALUES (?, ?)", (cur.lastrowid, p.text))
+        rowid = int(p.at * 1_000_000)
+        while True:
+            try:
+                db.execute("INSERT INTO docs (id, session_id, msg_id, role, kind, at) VALUES (?, ?, ?, ?, ?, ?)",
+                           (rowid, p.session_id, p.msg_id, p.role, p.kind, p.at))
+                break
+            except sqlite3.IntegrityError:
+                rowid += 1
+        db.execute("INSERT INTO fts (rowid, body, owner) VALUES (?, ?, ?)", (rowid, p.text, owner_token(owner)))
 
     def _drop(self, sid: str) -> None:
         self.db.execute("DELETE FROM fts WHERE rowid IN (SELECT id FROM docs WHERE session_id = ?)", (sid,))
         self.db.execute("DELETE FROM docs WHERE session_id = ?", (sid,))
 
     def query(self, match: str, owner: str | None, limit: int, offset: int) -> list[tuple[Any, ...]]:
-        scope = "" if owner is None else "AND d.owner = ?"
-        args: tuple[Any, ...] = (match,) + (() if owner is None else (owner,)) + (limit, offset)
+        """Newest first (FTS5 walks its posting lists by rowid, descending:
+        no sort of every match, unlike ranking by bm25)."""
+        if owner is not None:
+            match = f'owner : "{owner_token(owner)}" AND {match}'
         return self.db.execute(
             "SELECT d.session_id, d.msg_id, d.role, d.kind, d.at, "
             f"snippet(fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', 16) "
-            f"FROM fts JOIN docs d ON d.id = fts.rowid WHERE fts MATCH ? {scope} ORDER BY rank LIMIT ? OFFSET ?",
-            args).fetchall()
+            "FROM fts JOIN docs d ON d.id = fts.rowid WHERE fts MATCH ? ORDER BY fts.rowid DESC LIMIT ? OFFSET ?",
+            (match, limit, offset)).fetchall()
 
     def count(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM docs").fetchone()[0])
