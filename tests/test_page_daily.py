@@ -117,13 +117,15 @@ def test_escape_cancels_the_nearest_thing_and_stops_a_reply_only_from_the_compos
         page.wait_for_selector("#sidebar", state="hidden")
         assert focused(page) == "menu-btn"
         still_running(" after the drawer")
+    api("PATCH", f"/v1/sessions/{sid}", {"title": "A title I typed"})  # (naming it anew asks first)
+    page.wait_for_function("document.querySelector('#title').innerText === 'A title I typed'")
     page.click("#more")
-    page.click("#act-delete")  # armed: a second click would delete
-    page.wait_for_selector("#act-delete.confirm")
-    page.keyboard.press("Escape")  # backs out of the Delete
-    page.wait_for_selector("#act-delete:not(.confirm)")
-    assert page.inner_text("#act-delete") == "Delete"
-    still_running(" after the Delete")
+    page.click("#act-regenerate")  # armed: a second click would replace the title
+    page.wait_for_selector("#act-regenerate.confirm")
+    page.keyboard.press("Escape")  # backs out of it
+    page.wait_for_selector("#act-regenerate:not(.confirm)")
+    assert page.inner_text("#act-regenerate") == "Name it automatically"
+    still_running(" after backing out")
     page.keyboard.press("Escape")  # closes the menu
     page.wait_for_selector("#menu", state="hidden")
     assert focused(page) == "more", "the focus goes back to the menu's button"
@@ -581,4 +583,58 @@ def test_search_finds_a_phrase_from_a_reply_as_you_type_and_opens_it_at_the_mess
     page.wait_for_function("document.querySelector('#hits')?.innerText.includes('No message says that')")
     page.keyboard.press("Escape")
     page.wait_for_selector("#hits-box", state="hidden")
+    assert not page.errors
+
+
+# -- 8. The list at scale: drawn a page at a time, one line a row under day headers, Undo --
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_long_list_is_drawn_a_page_at_a_time_grouped_by_day_with_undo_for_archive_and_delete(serve, api, browser, size):
+    ids = [api("POST", "/v1/sessions", {"title": f"Chat {i:03}"})["session"]["id"] for i in range(250)]
+    page = at_size(browser, serve.url, size)
+    page.wait_for_function("window.sessionlog.sessions.size === 250")
+    page.wait_for_selector("#sessions li.more-rows", state="attached")
+    assert page.locator("#sessions li[data-id]").count() == 100, "the first page of rows only"
+    open_drawer(page, size)
+    for drawn in (200, 250):  # scrolling to the list's end draws the next page
+        page.evaluate("document.querySelector('#session-panel').scrollTop = 1e9")
+        page.wait_for_function(f"document.querySelectorAll('#sessions li[data-id]').length === {drawn}")
+    assert page.locator("#sessions li.more-rows").count() == 0
+    heights = page.evaluate("[...document.querySelectorAll('#sessions button.row')].map(b => b.offsetHeight)")
+    assert max(heights) <= 48, "one line a row"
+    assert page.locator("#sessions li.group").all_inner_texts() == ["Today"]
+    day = 86400
+    groups = page.evaluate(f"""(() => {{ const now = Date.now() / 1000, g = window.sessionlog.groupOf;
+        return [g({{updated_at: now}}), g({{updated_at: now - {day}}}), g({{updated_at: now - 3 * {day}}}),
+                g({{updated_at: now - 20 * {day}}}), g({{updated_at: now - 90 * {day}}}), g({{updated_at: now, pinned: true}})]; }})()""")
+    assert groups[0] == "Today" and groups[2:] == ["Previous 7 days", "Previous 30 days", "Older", "Pinned"]
+    assert groups[1] in ("Yesterday", "Today")  # (Today just after midnight, where the page runs)
+    api("PATCH", f"/v1/sessions/{ids[0]}", {"pinned": True})
+    page.wait_for_function("document.querySelector('#sessions li.group')?.innerText === 'Pinned'")
+    assert axe_violations(page) == [], "headers and a long list"
+    # Archive: done at once, with Undo
+    page.click(f'#sessions li[data-id="{ids[5]}"] button.row')
+    page.wait_for_function(f'window.sessionlog.current === "{ids[5]}"')
+    page.click("#more")
+    page.click("#act-archive")
+    page.wait_for_selector("#toast .undo")
+    assert "archived" in page.inner_text("#toast")
+    wait_for(lambda: api("GET", f"/v1/sessions/{ids[5]}")["session"]["archived"] is True, "archived")
+    assert axe_violations(page) == [], "the toast"
+    page.click("#toast .undo")
+    wait_for(lambda: api("GET", f"/v1/sessions/{ids[5]}")["session"]["archived"] is False, "undone")
+    # Delete: gone from the list at once, deleted when the Undo's seconds end
+    page.click("#more")
+    page.click("#act-delete")
+    page.wait_for_selector(f'#sessions li[data-id="{ids[5]}"]', state="detached")
+    assert page.evaluate("window.sessionlog.current") is None, "the open chat went: a new one is ready"
+    page.click("#toast .undo")
+    page.wait_for_selector(f'#sessions li[data-id="{ids[5]}"]', state="attached")
+    page.wait_for_function(f'window.sessionlog.current === "{ids[5]}"')
+    assert api.http.get(f"/v1/sessions/{ids[5]}").status_code == 200, "undone: never deleted"
+    page.click("#more")
+    page.click("#act-delete")
+    page.wait_for_selector("#toast .undo")
+    wait_for(lambda: api.http.get(f"/v1/sessions/{ids[5]}").status_code == 404, "deleted after the Undo's seconds")
+    page.wait_for_selector("#toast", state="hidden")
     assert not page.errors

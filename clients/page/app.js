@@ -462,8 +462,8 @@ let noneNode = null;          // the "No chats…" line
 
 function visibleRows() {
   const q = state.search.trim().toLowerCase();
-  const rows = [...state.sessions.values()].filter((r) =>
-    (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived))
+  const rows = [...state.sessions.values()].filter((r) => !state.deleting.has(r.id)
+    && (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived))
     && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
   rows.sort((a, b) => (b.pinned - a.pinned) || (b.updated_at - a.updated_at) || (a.id < b.id ? -1 : 1));
   return rows;
@@ -481,13 +481,14 @@ function rowNode(r) {
   const current = r.id === state.current;
   const when = ago(r.updated_at);
   const sig = JSON.stringify([rowName(r), r.source, r.preview, r.pinned, r.status, r.archived, r.damaged, r.unread,
-                              current, when]);
+                              current, when, r.title]);
   if (li._sig === sig) return li;
   li._sig = sig;
   li.className = `${current ? "current" : ""}${r.unread ? " unread" : ""}`;
   const b = li.firstChild;
   if (current) b.setAttribute("aria-current", "page"); else b.removeAttribute("aria-current");
   li.lastChild.setAttribute("aria-label", `Actions for ${rowName(r)}`);
+  b.title = r.title && r.preview ? r.preview : "";  // (one line a row: the first message on hover)
   b.replaceChildren(
     el("span", { class: "row-title" }, r.unread ? el("span", { class: "dot", "aria-hidden": "true" }) : null,
       r.unread ? el("span", { class: "visually-hidden" }, "New reply: ") : null,
@@ -496,16 +497,57 @@ function rowNode(r) {
       r.status === "running" ? el("span", { class: "badge running" }, "running") : null,
       r.archived ? el("span", { class: "badge archived" }, "archived") : null,
       r.damaged ? el("span", { class: "badge error" }, "damaged") : null),
-    el("span", { class: "row-preview" }, r.preview || "no messages yet"),
     el("span", { class: "row-time" }, when));
   return li;
+}
+
+// Rows under headers by when they last changed (pinned ones first), as the
+// day is where the page runs.
+function groupOf(r, now = Date.now()) {
+  if (r.pinned) return "Pinned";
+  const day = new Date(now); day.setHours(0, 0, 0, 0);
+  const t = r.updated_at * 1000, start = day.getTime(), DAY = 86400000;
+  return t >= start ? "Today" : t >= start - DAY ? "Yesterday" : t >= start - 7 * DAY ? "Previous 7 days"
+    : t >= start - 30 * DAY ? "Previous 30 days" : "Older";
+}
+state.groupOf = groupOf;
+const groupNodes = new Map();  // label -> its header <li>
+function groupNode(label) {
+  let li = groupNodes.get(label);
+  if (!li) { li = el("li", { class: "group" }, el("h2", {}, label)); groupNodes.set(label, li); }
+  return li;
+}
+
+// Only the first rows are drawn (a page of PAGE more each time the list's
+// end scrolls into view): a long list costs what is on screen.
+const PAGE = 100;
+state.drawn = PAGE;
+let moreNode = null;
+function moreRows() {
+  if (!moreNode) {
+    moreNode = el("li", { class: "more-rows" }, el("button", { type: "button", class: "link", tabindex: "-1",
+      onclick: () => { state.drawn += PAGE; renderSidebar(); } }, "Show more chats"));
+    new IntersectionObserver((seen) => {
+      if (seen.some((e) => e.isIntersecting)) { state.drawn += PAGE; renderSidebar(); }
+    }, { root: $("session-panel"), rootMargin: "200px" }).observe(moreNode);
+  }
+  return moreNode;
 }
 
 function renderSidebar() {
   const ul = $("sessions");
   const focused = document.activeElement;
   for (const [id, li] of rowNodes) if (!state.sessions.has(id)) { rowNodes.delete(id); li.remove(); }
-  const want = visibleRows().map(rowNode);
+  const rows = visibleRows();
+  const want = [];
+  let group = null;
+  const now = Date.now();
+  for (const r of rows.slice(0, state.drawn)) {
+    const g = groupOf(r, now);
+    if (g !== group) { want.push(groupNode(g)); group = g; }
+    want.push(rowNode(r));
+  }
+  if (rows.length > state.drawn) want.push(moreRows());
   if (!want.length) {
     const q = state.search.trim();
     const why = !state.everOpened ? "Not connected yet: your chats show here once the page reaches the server."
@@ -944,7 +986,7 @@ document.querySelector(".skip-link").addEventListener("click", (ev) => {  // the
   ev.preventDefault(); closeDrawer(); $("input").focus();
 });
 $("new-chat").addEventListener("click", newChat);
-$("search").addEventListener("input", (ev) => { state.search = ev.target.value; renderSidebar(); searchMessages(); });
+$("search").addEventListener("input", (ev) => { state.search = ev.target.value; state.drawn = PAGE; renderSidebar(); searchMessages(); });
 
 // -- search through what was said: the server's full-text index, as you type --
 
@@ -1000,13 +1042,13 @@ async function openHit(h) {
   node.classList.add("found");
   setTimeout(() => node.classList.remove("found"), 2000);
 }
-for (const b of $("views").children) b.addEventListener("click", () => { state.view = b.dataset.view; renderSidebar(); });
+for (const b of $("views").children) b.addEventListener("click", () => { state.view = b.dataset.view; state.drawn = PAGE; renderSidebar(); });
 $("views").addEventListener("keydown", (ev) => {  // arrow keys move between tabs
   if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
   const tabs = [...$("views").children];
   const i = tabs.findIndex((t) => t.dataset.view === state.view);
   const next = tabs[(i + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
-  state.view = next.dataset.view; renderSidebar(); next.focus();
+  state.view = next.dataset.view; state.drawn = PAGE; renderSidebar(); next.focus();
 });
 $("running-btn").addEventListener("click", () => {
   const list = $("running-list");
@@ -1054,18 +1096,58 @@ $("act-pin").addEventListener("click", () => {
   closeMenu(true);
   act("set_pinned", { session_id: sid, pinned: !state.sessions.get(sid)?.pinned });
 });
-$("act-archive").addEventListener("click", () => {
-  const sid = state.menuFor;
+$("act-archive").addEventListener("click", async () => {
+  const sid = state.menuFor, archived = !state.sessions.get(sid)?.archived;
   closeMenu(true);
-  act("set_archived", { session_id: sid, archived: !state.sessions.get(sid)?.archived });
+  if (await act("set_archived", { session_id: sid, archived })) {
+    toast(archived ? "Chat archived." : "Chat restored from the archive.",
+          () => act("set_archived", { session_id: sid, archived: !archived }));
+  }
 });
-$("act-delete").addEventListener("click", async (ev) => {
-  const b = ev.currentTarget;
-  if (!b.classList.contains("confirm")) { arm(b, "Confirm delete"); return; }
+// Delete takes effect after the toast's few seconds (Undo keeps the chat);
+// a page closed meanwhile sends it as it goes.
+$("act-delete").addEventListener("click", () => {
   const sid = state.menuFor;
-  closeMenu(sid !== state.current);  // the open chat goes: the focus goes to the message box
-  if (await act("delete_session", { session_id: sid }) && !$("input").disabled && document.activeElement === document.body) $("input").focus();
+  const wasOpen = sid === state.current;
+  closeMenu(!wasOpen);
+  state.deleting.set(sid, setTimeout(() => reallyDelete(sid), UNDO_MS));
+  if (wasOpen) { openDraft({ push: true }); $("input").focus(); }
+  renderSidebar();
+  toast("Chat deleted.", () => {
+    clearTimeout(state.deleting.get(sid));
+    state.deleting.delete(sid);
+    renderSidebar();
+    if (wasOpen) openSession(sid);
+  });
 });
+state.deleting = new Map();  // session id -> its delete's timer
+const UNDO_MS = 6000;
+async function reallyDelete(sid) {
+  if (!state.deleting.has(sid)) return;
+  state.deleting.delete(sid);
+  if (!(await act("delete_session", { session_id: sid })) && state.sessions.has(sid)) renderSidebar();  // (refused: back)
+}
+addEventListener("pagehide", () => {
+  for (const sid of state.deleting.keys()) {
+    fetch(new URL(`v1/sessions/${encodeURIComponent(sid)}`, location.href),
+          { method: "DELETE", keepalive: true, headers: { Authorization: `Bearer ${TOKEN}` } });
+  }
+  state.deleting.clear();
+});
+
+// A toast: what just happened, with Undo for a few seconds (longer while
+// the pointer or the focus is on it).
+let toastTimer = null;
+function toast(text, undo) {
+  const box = $("toast");
+  clearTimeout(toastTimer);
+  box.replaceChildren(el("span", {}, text), el("button", { type: "button", class: "undo", onclick: () => {
+    box.hidden = true; undo();
+  } }, "Undo"));
+  box.hidden = false;
+  const hide = () => { toastTimer = setTimeout(() => { if (!box.matches(":hover, :focus-within")) box.hidden = true; else hide(); }, UNDO_MS); };
+  hide();
+}
 
 // -- the chat's actions: one "⋯" menu (the header's, and each row's on a desktop) --
 

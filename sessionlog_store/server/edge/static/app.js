@@ -812,7 +812,7 @@
   var noneNode = null;
   function visibleRows() {
     const q = state.search.trim().toLowerCase();
-    const rows = [...state.sessions.values()].filter((r) => (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived)) && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
+    const rows = [...state.sessions.values()].filter((r) => !state.deleting.has(r.id) && (state.view === "all" || (state.view === "archived" ? r.archived : !r.archived)) && (!q || rowName(r).toLowerCase().includes(q) || (r.preview || "").toLowerCase().includes(q)));
     rows.sort((a, b) => b.pinned - a.pinned || b.updated_at - a.updated_at || (a.id < b.id ? -1 : 1));
     return rows;
   }
@@ -847,7 +847,8 @@
       r.damaged,
       r.unread,
       current,
-      when
+      when,
+      r.title
     ]);
     if (li._sig === sig) return li;
     li._sig = sig;
@@ -856,6 +857,7 @@
     if (current) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
     li.lastChild.setAttribute("aria-label", `Actions for ${rowName(r)}`);
+    b.title = r.title && r.preview ? r.preview : "";
     b.replaceChildren(
       el(
         "span",
@@ -868,10 +870,49 @@
         r.archived ? el("span", { class: "badge archived" }, "archived") : null,
         r.damaged ? el("span", { class: "badge error" }, "damaged") : null
       ),
-      el("span", { class: "row-preview" }, r.preview || "no messages yet"),
       el("span", { class: "row-time" }, when)
     );
     return li;
+  }
+  function groupOf(r, now = Date.now()) {
+    if (r.pinned) return "Pinned";
+    const day = new Date(now);
+    day.setHours(0, 0, 0, 0);
+    const t = r.updated_at * 1e3, start = day.getTime(), DAY = 864e5;
+    return t >= start ? "Today" : t >= start - DAY ? "Yesterday" : t >= start - 7 * DAY ? "Previous 7 days" : t >= start - 30 * DAY ? "Previous 30 days" : "Older";
+  }
+  state.groupOf = groupOf;
+  var groupNodes = /* @__PURE__ */ new Map();
+  function groupNode(label) {
+    let li = groupNodes.get(label);
+    if (!li) {
+      li = el("li", { class: "group" }, el("h2", {}, label));
+      groupNodes.set(label, li);
+    }
+    return li;
+  }
+  var PAGE = 100;
+  state.drawn = PAGE;
+  var moreNode = null;
+  function moreRows() {
+    if (!moreNode) {
+      moreNode = el("li", { class: "more-rows" }, el("button", {
+        type: "button",
+        class: "link",
+        tabindex: "-1",
+        onclick: () => {
+          state.drawn += PAGE;
+          renderSidebar();
+        }
+      }, "Show more chats"));
+      new IntersectionObserver((seen2) => {
+        if (seen2.some((e) => e.isIntersecting)) {
+          state.drawn += PAGE;
+          renderSidebar();
+        }
+      }, { root: $("session-panel"), rootMargin: "200px" }).observe(moreNode);
+    }
+    return moreNode;
   }
   function renderSidebar() {
     const ul = $("sessions");
@@ -880,7 +921,19 @@
       rowNodes.delete(id);
       li.remove();
     }
-    const want = visibleRows().map(rowNode);
+    const rows = visibleRows();
+    const want = [];
+    let group = null;
+    const now = Date.now();
+    for (const r of rows.slice(0, state.drawn)) {
+      const g = groupOf(r, now);
+      if (g !== group) {
+        want.push(groupNode(g));
+        group = g;
+      }
+      want.push(rowNode(r));
+    }
+    if (rows.length > state.drawn) want.push(moreRows());
     if (!want.length) {
       const q = state.search.trim();
       const why = !state.everOpened ? "Not connected yet: your chats show here once the page reaches the server." : q ? `No chats match “${q}”.` : state.view === "archived" ? "No archived chats." : state.view === "all" ? "No chats yet." : "No chats yet: write a message to start one.";
@@ -1382,6 +1435,7 @@
   $("new-chat").addEventListener("click", newChat);
   $("search").addEventListener("input", (ev) => {
     state.search = ev.target.value;
+    state.drawn = PAGE;
     renderSidebar();
     searchMessages();
   });
@@ -1453,6 +1507,7 @@
   }
   for (const b of $("views").children) b.addEventListener("click", () => {
     state.view = b.dataset.view;
+    state.drawn = PAGE;
     renderSidebar();
   });
   $("views").addEventListener("keydown", (ev) => {
@@ -1461,6 +1516,7 @@
     const i = tabs.findIndex((t) => t.dataset.view === state.view);
     const next = tabs[(i + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
     state.view = next.dataset.view;
+    state.drawn = PAGE;
     renderSidebar();
     next.focus();
   });
@@ -1523,21 +1579,66 @@
     closeMenu(true);
     act("set_pinned", { session_id: sid, pinned: !state.sessions.get(sid)?.pinned });
   });
-  $("act-archive").addEventListener("click", () => {
-    const sid = state.menuFor;
+  $("act-archive").addEventListener("click", async () => {
+    const sid = state.menuFor, archived = !state.sessions.get(sid)?.archived;
     closeMenu(true);
-    act("set_archived", { session_id: sid, archived: !state.sessions.get(sid)?.archived });
-  });
-  $("act-delete").addEventListener("click", async (ev) => {
-    const b = ev.currentTarget;
-    if (!b.classList.contains("confirm")) {
-      arm(b, "Confirm delete");
-      return;
+    if (await act("set_archived", { session_id: sid, archived })) {
+      toast(
+        archived ? "Chat archived." : "Chat restored from the archive.",
+        () => act("set_archived", { session_id: sid, archived: !archived })
+      );
     }
-    const sid = state.menuFor;
-    closeMenu(sid !== state.current);
-    if (await act("delete_session", { session_id: sid }) && !$("input").disabled && document.activeElement === document.body) $("input").focus();
   });
+  $("act-delete").addEventListener("click", () => {
+    const sid = state.menuFor;
+    const wasOpen = sid === state.current;
+    closeMenu(!wasOpen);
+    state.deleting.set(sid, setTimeout(() => reallyDelete(sid), UNDO_MS));
+    if (wasOpen) {
+      openDraft({ push: true });
+      $("input").focus();
+    }
+    renderSidebar();
+    toast("Chat deleted.", () => {
+      clearTimeout(state.deleting.get(sid));
+      state.deleting.delete(sid);
+      renderSidebar();
+      if (wasOpen) openSession(sid);
+    });
+  });
+  state.deleting = /* @__PURE__ */ new Map();
+  var UNDO_MS = 6e3;
+  async function reallyDelete(sid) {
+    if (!state.deleting.has(sid)) return;
+    state.deleting.delete(sid);
+    if (!await act("delete_session", { session_id: sid }) && state.sessions.has(sid)) renderSidebar();
+  }
+  addEventListener("pagehide", () => {
+    for (const sid of state.deleting.keys()) {
+      fetch(
+        new URL(`v1/sessions/${encodeURIComponent(sid)}`, location.href),
+        { method: "DELETE", keepalive: true, headers: { Authorization: `Bearer ${TOKEN}` } }
+      );
+    }
+    state.deleting.clear();
+  });
+  var toastTimer = null;
+  function toast(text, undo) {
+    const box = $("toast");
+    clearTimeout(toastTimer);
+    box.replaceChildren(el("span", {}, text), el("button", { type: "button", class: "undo", onclick: () => {
+      box.hidden = true;
+      undo();
+    } }, "Undo"));
+    box.hidden = false;
+    const hide = () => {
+      toastTimer = setTimeout(() => {
+        if (!box.matches(":hover, :focus-within")) box.hidden = true;
+        else hide();
+      }, UNDO_MS);
+    };
+    hide();
+  }
   function openMenu(sid, trigger) {
     const row = state.sessions.get(sid);
     if (!row) return;
