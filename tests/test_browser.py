@@ -502,7 +502,7 @@ def test_markdown_renders_highlighted_with_copy_offline(serve, browser):
     link = reply.locator("a").first
     assert link.get_attribute("rel") == "noopener noreferrer" and link.get_attribute("target") == "_blank"
     assert "**" not in reply.inner_text() and "```" not in reply.inner_text()
-    assert reply.locator("pre button.copy").count() == 1
+    assert reply.locator(".code .code-head button.copy").count() == 1 and reply.locator("pre button").count() == 0
     shot(page, "markdown")
     assert all(u.startswith(serve.url.split("/?")[0]) for u in asked), asked  # nothing from a CDN
     assert not page.errors
@@ -819,8 +819,8 @@ def test_the_drawer_keeps_focus_and_code_on_a_phone_has_big_targets(serve, brows
     page = phone_page(browser, serve.url)
     page.fill("#input", "show me some code")
     page.tap("#send")
-    page.wait_for_selector(".msg.assistant.done pre button.copy", timeout=60_000)
-    assert page.locator("pre button.copy").first.bounding_box()["height"] >= 44
+    page.wait_for_selector(".msg.assistant.done .code-head button.copy", timeout=60_000)
+    assert page.locator(".code-head button.copy").first.bounding_box()["height"] >= 44
     assert page.locator("#chat-header").bounding_box()["height"] <= 120, "the actions make one row"
     page.click("#menu-btn")
     page.wait_for_selector("#sidebar", state="visible")

@@ -268,7 +268,8 @@ def test_a_50kb_reply_streams_parsed_once_per_block_while_the_user_types(serve, 
     assert parsed <= 3 * len(text), f"{parsed} characters parsed for a {len(text)}-character reply"
     same = """(id) => {
         const box = document.querySelector(`[data-msg="${id}"] .bubble`).cloneNode(true);
-        box.querySelectorAll("button.copy").forEach((b) => b.remove());
+        box.querySelectorAll(".code-head").forEach((h) => h.remove());  // (a code block's header bar)
+        box.querySelectorAll("div.code").forEach((d) => d.replaceWith(...d.childNodes));
         const whole = document.createElement("div");
         whole.append(...window.sessionlog.markdownBlocks(window.sessionlog.messages.get(id).content));
         return [box.innerHTML === whole.innerHTML, box.children.length, whole.children.length];

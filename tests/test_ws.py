@@ -194,7 +194,8 @@ async def test_every_bad_frame_gets_an_error_and_changes_nothing(server, root):
             assert after == before
             rows = await good.request("list_sessions")  # the server keeps serving others
             assert created["session"]["id"] in [r["id"] for r in rows["rows"]]
-    assert sorted(os.listdir(root)) == [".lock", "FORMAT", "index.json", "journal", "projects", "sessions", "streams"]
+    assert sorted(os.listdir(root)) == [".lock", "FORMAT", "index.json", "journal", "projects", "search.sqlite",
+                                        "search.sqlite-shm", "search.sqlite-wal", "sessions", "streams"]
 
 
 HOSTILE = [

@@ -92,6 +92,75 @@ const md = window.markdownit({
     return "";
   },
 });
+// A table cell's alignment as a class (the sanitizer drops every style attribute).
+for (const rule of ["th_open", "td_open"]) {
+  md.renderer.rules[rule] = (tokens, i, opts, env, self) => {
+    const t = tokens[i], align = /text-align:\s*(left|right|center)/.exec(t.attrGet("style") || "");
+    t.attrs = (t.attrs || []).filter(([k]) => k !== "style");
+    if (align) t.attrJoin("class", `align-${align[1]}`);
+    return self.renderToken(tokens, i, opts);
+  };
+}
+
+// Math: $$…$$ and \[…\] on lines of their own, \(…\) and $…$ inside a line
+// (a $ opens only before a non-space and closes after one, not before a
+// digit: "$5 and $10" stays text). Marked here, typeset by KaTeX, which is
+// loaded the first time a reply has math (static/vendor/katex/).
+md.block.ruler.before("fence", "math_block", (st, start, end, silent) => {
+  const first = st.src.slice(st.bMarks[start] + st.tShift[start], st.eMarks[start]).trim();
+  const open = first.startsWith("$$") ? "$$" : first.startsWith("\\[") ? "\\[" : null;
+  if (!open) return false;
+  const close = open === "$$" ? "$$" : "\\]";
+  let body = first.slice(2), line = start, found = false;
+  if (body.trimEnd().endsWith(close) && body.trim().length > 2) { body = body.trimEnd().slice(0, -2); found = true; }
+  while (!found && ++line < end) {
+    const text = st.src.slice(st.bMarks[line] + st.tShift[line], st.eMarks[line]);
+    if (text.trimEnd().endsWith(close)) { body += "\n" + text.trimEnd().slice(0, -2); found = true; } else body += "\n" + text;
+  }
+  if (!found) return false;
+  if (silent) return true;
+  const t = st.push("math_block", "div", 0);
+  t.content = body.trim(); t.map = [start, line + 1]; t.block = true;
+  st.line = line + 1;
+  return true;
+}, { alt: ["paragraph"] });
+md.inline.ruler.after("escape", "math_inline", (st, silent) => {
+  const src = st.src, at = st.pos;
+  let open, close;
+  if (src.startsWith("\\(", at)) { open = "\\("; close = "\\)"; }
+  else if (src[at] === "$" && src[at + 1] !== "$" && src[at + 1] && !/\s/.test(src[at + 1])) { open = "$"; close = "$"; }
+  else return false;
+  let end = src.indexOf(close, at + open.length);
+  while (close === "$" && end > 0 && (/\s/.test(src[end - 1]) || /\d/.test(src[end + 1] || ""))) end = src.indexOf("$", end + 1);
+  if (end < 0) return false;
+  if (!silent) { const t = st.push("math_inline", "span", 0); t.content = src.slice(at + open.length, end); }
+  st.pos = end + close.length;
+  return true;
+});
+md.renderer.rules.math_inline = (tokens, i) => `<span class="math" data-tex="${md.utils.escapeHtml(tokens[i].content)}">${md.utils.escapeHtml(tokens[i].content)}</span>`;
+md.renderer.rules.math_block = (tokens, i) => `<div class="math display" data-tex="${md.utils.escapeHtml(tokens[i].content)}">${md.utils.escapeHtml(tokens[i].content)}</div>\n`;
+
+let katexLoading = null;
+function typeset(box) {
+  const todo = [...box.querySelectorAll(".math:not(.typeset)")];
+  if (!todo.length) return;
+  if (!window.katex) {
+    katexLoading ??= new Promise((ok, fail) => {
+      document.head.append(el("link", { rel: "stylesheet", href: "static/vendor/katex/katex.min.css" }));
+      const sc = el("script", { src: "static/vendor/katex/katex.min.js" });
+      sc.onload = ok; sc.onerror = fail;
+      document.head.append(sc);
+    });
+    katexLoading.then(() => typeset(box), () => { katexLoading = null; });
+    return;
+  }
+  for (const n of todo) {
+    try { window.katex.render(n.dataset.tex, n, { displayMode: n.classList.contains("display"), throwOnError: false, trust: false }); }
+    catch { /* left as its source */ }
+    n.classList.add("typeset");
+  }
+}
+
 DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
 });
@@ -109,6 +178,25 @@ function markdownBlocks(text) {
   if (!text) return [];
   state.parsed += text.length;  // (what the page has parsed: a test checks it grows with the text, not per frame)
   const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+  // task lists: "[ ]" / "[x]" opening an item is a checkbox (made here, after the sanitizer)
+  for (const li of frag.querySelectorAll("li")) {
+    const first = li.firstChild?.nodeName === "P" ? li.firstChild.firstChild : li.firstChild;
+    const m = first?.nodeType === 3 && /^\[( |x|X)\]\s/.exec(first.textContent);
+    if (!m) continue;
+    first.textContent = first.textContent.slice(m[0].length);
+    first.before(el("input", { type: "checkbox", disabled: true, checked: m[1] !== " ", "aria-label": m[1] !== " " ? "done" : "to do" }));
+    li.classList.add("task");
+  }
+  for (const t of frag.querySelectorAll("table, pre")) t.tabIndex = 0;  // (wide ones scroll sideways: so can the keyboard)
+  // images from elsewhere are blocked (the page's policy loads nothing from other sites): say so, with a link
+  for (const img of frag.querySelectorAll("img")) {
+    let host = "";
+    try { host = new URL(img.getAttribute("src") || "", location.href).host; } catch { /* no address */ }
+    const what = img.getAttribute("alt") || "an image";
+    const link = img.getAttribute("src") && /^https?:/.test(img.getAttribute("src"))
+      ? el("a", { href: img.getAttribute("src"), target: "_blank", rel: "noopener noreferrer" }, "open it") : null;
+    img.replaceWith(el("span", { class: "img-blocked" }, `Image not shown: ${what}${host ? ` (from ${host})` : ""}`, link ? " · " : "", link));
+  }
   return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
 }
 
@@ -135,8 +223,8 @@ function renderMarkdownInto(box, text) {
     const html = n.outerHTML ?? n.textContent;
     if (i < old.length && old[i]._html === html) return;
     if (i < old.length && held(old[i])) { box._pending = text; heldBoxes.add(box); return; }  // later
+    if (n.tagName === "PRE") n = codeBlock(n);
     n._html = html;
-    if (n.tagName === "PRE") addCopyButton(n);
     if (i < old.length) old[i].replaceWith(n); else box.append(n);
   });
   for (const n of old.slice(fresh.length)) {
@@ -177,18 +265,27 @@ const heldBoxes = new Set();
 document.addEventListener("selectionchange", () => {
   for (const box of [...heldBoxes]) {
     heldBoxes.delete(box);
-    if (box._pending != null && box.isConnected) keepBottom(() => renderMarkdownInto(box, box._pending));
+    if (box._pending != null && box.isConnected) keepBottom(() => { renderMarkdownInto(box, box._pending); typeset(box); });
   }
 });
 
-function addCopyButton(pre) {
-  const b = el("button", { class: "copy", type: "button", "aria-label": "Copy code" }, "Copy");
+// A code block: a header bar (its language, Copy) above the code, which
+// scrolls on its own under it.
+function codeBlock(pre) {
+  const lang = /language-([\w+#.-]+)/.exec(pre.querySelector("code")?.className || "")?.[1] || "code";
+  return el("div", { class: "code" },
+    el("div", { class: "code-head" }, el("span", { class: "code-lang" }, lang),
+      copyButton(() => pre.querySelector("code")?.textContent ?? pre.textContent, `Copy ${lang === "code" ? "code" : lang + " code"}`)),
+    pre);
+}
+
+function copyButton(text, label, word = "Copy") {
+  const b = el("button", { class: "copy", type: "button", "aria-label": label }, word);
   b.addEventListener("click", async () => {
-    const code = pre.querySelector("code")?.textContent ?? pre.textContent;
-    try { await navigator.clipboard.writeText(code); b.textContent = "Copied"; } catch { b.textContent = "Select and copy"; }
-    setTimeout(() => { b.textContent = "Copy"; }, 1500);
+    try { await navigator.clipboard.writeText(text()); b.textContent = "Copied"; } catch { b.textContent = "Select and copy"; }
+    setTimeout(() => { b.textContent = word; }, 1500);
   });
-  pre.prepend(b);
+  return b;
 }
 
 // -- the socket (the client keeps it up: reconnects, heartbeat, since) -----------
@@ -669,13 +766,23 @@ document.addEventListener("visibilitychange", seen);
 
 // The list in branch order, reusing each message's node: nodes that stay are
 // never detached (a detached node loses the user's selection).
+// A reply's tool calls and agentic functions are drawn inside it, after its
+// text and before its controls, in the order they ran.
 function renderMessages() {
   const box = $("messages");
-  const want = state.order.map((id) => state.messages.get(id)).filter(Boolean).map((m) => {
+  const inside = new Map();  // a reply's node -> its blocks' nodes
+  const want = [];
+  for (const m of state.order.map((id) => state.messages.get(id)).filter(Boolean)) {
     let node = state.nodes.get(m.msg_id);
     if (!node) { node = buildNode(m); state.nodes.set(m.msg_id, node); } else if (state.dirty.has(m.msg_id)) drawNode(m);
-    return node;
-  });
+    const host = m.caller && m.kind !== "relocate" ? state.nodes.get(m.caller) : null;
+    if (host?.querySelector(":scope > .tools")) { if (!inside.has(host)) inside.set(host, []); inside.get(host).push(node); }
+    else want.push(node);
+  }
+  for (const [host, blocks] of inside) {
+    const tools = host.querySelector(":scope > .tools");
+    blocks.forEach((n, i) => { if (tools.children[i] !== n) tools.insertBefore(n, tools.children[i] || null); });
+  }
   if (!want.length) want.push(el("div", { id: "empty", class: "empty" }, EMPTY_CHAT));
   keepBottom(() => {
     const have = [...box.children];
@@ -683,6 +790,23 @@ function renderMessages() {
     for (const n of have) if (!want.includes(n)) n.remove();
     want.forEach((n, i) => { if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null); });
   });
+}
+
+// A tool call or an agentic function in one line, as people say it.
+function blockLabel(m) {
+  const open = isOpen(m);
+  if (m.kind === "tool_call") {
+    const tool = m.metadata?.tool;
+    if (tool === "search") return open ? "Searching…" : "Searched";
+    return tool ? (open ? `Using ${tool}…` : `Used ${tool}`) : (open ? "Using a tool…" : "Used a tool");
+  }
+  if (m.kind === "agentic_fn") {
+    const kids = Array.isArray(m.metadata?.context_tree?.children) ? m.metadata.context_tree.children : [];
+    const done = kids.filter((k) => k.status === "done").length;
+    const steps = kids.length ? ` (${open ? `${done} of ${kids.length}` : kids.length} steps)` : "";
+    return open ? `Working through steps…${steps}` : `Worked through steps${steps}`;
+  }
+  return m.kind === "relocate" ? "Project relocated" : m.kind.replaceAll("_", " ");
 }
 
 function renderTree(t) {
@@ -693,11 +817,12 @@ function renderTree(t) {
 }
 
 function buildNode(m) {
+  // a tool call or an agentic function: one line that opens (a <details>), inside its reply
   const node = m.caller
-    ? el("div", { class: "block", "data-msg": m.msg_id },
-        el("div", { class: "head" }), el("div", { class: "tree-box" }), el("pre", { class: "text" }), el("div", { class: "meta" }))
+    ? el("details", { class: "block", "data-msg": m.msg_id },
+        el("summary", { class: "head" }), el("div", { class: "tree-box" }), el("pre", { class: "text" }), el("div", { class: "meta" }))
     : el("article", { class: "msg", "data-msg": m.msg_id },
-        el("div", { class: "who" }), el("div", { class: "bubble" }), el("div", { class: "meta" }));
+        el("div", { class: "who" }), el("div", { class: "bubble" }), el("div", { class: "tools" }), el("div", { class: "meta" }));
   node._content = null;
   drawNode(m, node);
   return node;
@@ -714,29 +839,28 @@ function drawNode(m, node = state.nodes.get(m.msg_id)) {
   const word = stopped ? "stopped" : m.status === "aborted" ? "interrupted" : m.status === "error" ? "failed" : m.status;
   const badge = m.status !== "done" ? el("span", { class: `badge ${stopped ? "stopped" : m.status}` }, word) : null;
   if (m.caller) {
-    const label = m.kind === "tool_call" ? `Tool call${m.metadata?.tool ? ": " + m.metadata.tool : ""}`
-      : m.kind === "agentic_fn" ? `Agentic function${m.metadata?.function ? ": " + m.metadata.function : ""}`
-      : m.kind === "relocate" ? "Project relocated" : m.kind;
-    node.querySelector(".head").replaceChildren(label, badge || "");
-    node.querySelector(".tree-box").replaceChildren(...(m.kind === "agentic_fn" ? [renderTree(m.metadata?.context_tree)].filter(Boolean) : []));
+    node.querySelector(".head").replaceChildren(blockLabel(m), badge && m.status !== "running" ? badge : "");
+    const tree = m.kind === "agentic_fn" ? renderTree(m.metadata?.context_tree) : null;
+    node.querySelector(".tree-box").replaceChildren(...(tree ? [tree] : []));
     const pre = node.querySelector(".text");
+    pre.hidden = !!tree;  // the steps once: as the tree when there is one, else as their text
     if (pre.textContent !== m.content) {
       if (m.content.startsWith(pre.textContent)) pre.append(m.content.slice(pre.textContent.length));
       else pre.textContent = m.content;
     }
-    node.querySelector(".meta").replaceChildren(...(reason && m.status !== "done"
+    node.querySelector(":scope > .meta").replaceChildren(...(reason && m.status !== "done"
       ? [el("div", { class: stopped ? "why stopped" : "why" }, REASON_WORDS[reason] || reason)] : []));
     return;
   }
   const who = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : m.role;
-  node.querySelector(".who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
-  const bubble = node.querySelector(".bubble");
+  node.querySelector(":scope > .who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
+  const bubble = node.querySelector(":scope > .bubble");
   if (node._content !== m.content) {
-    if (m.role === "assistant") renderMarkdownInto(bubble, m.content);
+    if (m.role === "assistant") { renderMarkdownInto(bubble, m.content); typeset(bubble); }
     else bubble.textContent = m.content;
     node._content = m.content;
   }
-  const meta = node.querySelector(".meta");
+  const meta = node.querySelector(":scope > .meta");
   const key = meta.contains(document.activeElement) && document.activeElement.dataset.key;
   meta.replaceChildren(...metaParts(m, reason));
   if (key) focusControl(m.msg_id, key);  // a redrawn control keeps the focus
@@ -748,7 +872,7 @@ function focusControl(msgId, key) {
   const node = state.nodes.get(msgId);
   const order = { prev: ["prev", "next"], next: ["next", "prev"], stop: ["stop", "retry"], retry: ["retry", "stop"] }[key] || [key];
   for (const k of order) {
-    const b = node?.querySelector(`.meta [data-key="${k}"]`);
+    const b = node?.querySelector(`:scope > .meta [data-key="${k}"]`);
     if (b && !b.disabled) { b.focus({ preventScroll: true }); return true; }
   }
   return false;
@@ -771,6 +895,11 @@ function metaParts(m, reason) {
       el("span", { class: "branch-pos" }, `${i + 1}/${sibs.length}`),
       el("button", { type: "button", "aria-label": "next version", disabled: i >= sibs.length - 1, "data-key": "next",
                      onclick: () => switchBranch(sibs[i + 1], "next") }, "›")));
+  }
+  if (m.role === "assistant" && !isOpen(m) && m.content) {
+    const copy = copyButton(() => m.content, "Copy the whole reply (Markdown)", "Copy");
+    copy.dataset.key = "copy";
+    controls.push(copy);
   }
   if (m.role === "assistant" && isOpen(m)) {
     controls.push(el("button", { class: "stop", type: "button", "data-key": "stop",

@@ -20,8 +20,10 @@ from typing import Final
 import trio
 
 STATIC_DIR: Final = os.path.join(os.path.dirname(__file__), "static")
-# What a /static/ name may be: a file in static/ or static/vendor/, never a path out.
-STATIC_NAME: Final = re.compile(r"(vendor/)?[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+# What a /static/ name may be: a file in static/, static/vendor/ or KaTeX's
+# folders there (its script, style and fonts), never a path out.
+STATIC_NAME: Final = re.compile(r"(vendor/(katex/(fonts/)?)?)?[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+mimetypes.add_type("font/woff2", ".woff2")
 # Below this many bytes a file is sent as it is (gzip would save little).
 GZIP_MIN: Final = 1024
 _COMPRESSIBLE: Final = ("text/", "application/javascript", "application/json", "image/svg+xml")

@@ -443,6 +443,88 @@
       return "";
     }
   });
+  for (const rule of ["th_open", "td_open"]) {
+    md.renderer.rules[rule] = (tokens, i, opts, env, self) => {
+      const t = tokens[i], align = /text-align:\s*(left|right|center)/.exec(t.attrGet("style") || "");
+      t.attrs = (t.attrs || []).filter(([k]) => k !== "style");
+      if (align) t.attrJoin("class", `align-${align[1]}`);
+      return self.renderToken(tokens, i, opts);
+    };
+  }
+  md.block.ruler.before("fence", "math_block", (st, start, end, silent) => {
+    const first = st.src.slice(st.bMarks[start] + st.tShift[start], st.eMarks[start]).trim();
+    const open = first.startsWith("$$") ? "$$" : first.startsWith("\\[") ? "\\[" : null;
+    if (!open) return false;
+    const close = open === "$$" ? "$$" : "\\]";
+    let body = first.slice(2), line = start, found = false;
+    if (body.trimEnd().endsWith(close) && body.trim().length > 2) {
+      body = body.trimEnd().slice(0, -2);
+      found = true;
+    }
+    while (!found && ++line < end) {
+      const text = st.src.slice(st.bMarks[line] + st.tShift[line], st.eMarks[line]);
+      if (text.trimEnd().endsWith(close)) {
+        body += "\n" + text.trimEnd().slice(0, -2);
+        found = true;
+      } else body += "\n" + text;
+    }
+    if (!found) return false;
+    if (silent) return true;
+    const t = st.push("math_block", "div", 0);
+    t.content = body.trim();
+    t.map = [start, line + 1];
+    t.block = true;
+    st.line = line + 1;
+    return true;
+  }, { alt: ["paragraph"] });
+  md.inline.ruler.after("escape", "math_inline", (st, silent) => {
+    const src = st.src, at = st.pos;
+    let open, close;
+    if (src.startsWith("\\(", at)) {
+      open = "\\(";
+      close = "\\)";
+    } else if (src[at] === "$" && src[at + 1] !== "$" && src[at + 1] && !/\s/.test(src[at + 1])) {
+      open = "$";
+      close = "$";
+    } else return false;
+    let end = src.indexOf(close, at + open.length);
+    while (close === "$" && end > 0 && (/\s/.test(src[end - 1]) || /\d/.test(src[end + 1] || ""))) end = src.indexOf("$", end + 1);
+    if (end < 0) return false;
+    if (!silent) {
+      const t = st.push("math_inline", "span", 0);
+      t.content = src.slice(at + open.length, end);
+    }
+    st.pos = end + close.length;
+    return true;
+  });
+  md.renderer.rules.math_inline = (tokens, i) => `<span class="math" data-tex="${md.utils.escapeHtml(tokens[i].content)}">${md.utils.escapeHtml(tokens[i].content)}</span>`;
+  md.renderer.rules.math_block = (tokens, i) => `<div class="math display" data-tex="${md.utils.escapeHtml(tokens[i].content)}">${md.utils.escapeHtml(tokens[i].content)}</div>
+`;
+  var katexLoading = null;
+  function typeset(box) {
+    const todo = [...box.querySelectorAll(".math:not(.typeset)")];
+    if (!todo.length) return;
+    if (!window.katex) {
+      katexLoading ?? (katexLoading = new Promise((ok, fail) => {
+        document.head.append(el("link", { rel: "stylesheet", href: "static/vendor/katex/katex.min.css" }));
+        const sc = el("script", { src: "static/vendor/katex/katex.min.js" });
+        sc.onload = ok;
+        sc.onerror = fail;
+        document.head.append(sc);
+      }));
+      katexLoading.then(() => typeset(box), () => {
+        katexLoading = null;
+      });
+      return;
+    }
+    for (const n of todo) {
+      try {
+        window.katex.render(n.dataset.tex, n, { displayMode: n.classList.contains("display"), throwOnError: false, trust: false });
+      } catch {
+      }
+      n.classList.add("typeset");
+    }
+  }
   DOMPurify.addHook("afterSanitizeAttributes", (node) => {
     if (node.tagName === "A") {
       node.setAttribute("target", "_blank");
@@ -460,6 +542,25 @@
     if (!text) return [];
     state.parsed += text.length;
     const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+    for (const li of frag.querySelectorAll("li")) {
+      const first = li.firstChild?.nodeName === "P" ? li.firstChild.firstChild : li.firstChild;
+      const m = first?.nodeType === 3 && /^\[( |x|X)\]\s/.exec(first.textContent);
+      if (!m) continue;
+      first.textContent = first.textContent.slice(m[0].length);
+      first.before(el("input", { type: "checkbox", disabled: true, checked: m[1] !== " ", "aria-label": m[1] !== " " ? "done" : "to do" }));
+      li.classList.add("task");
+    }
+    for (const t of frag.querySelectorAll("table, pre")) t.tabIndex = 0;
+    for (const img of frag.querySelectorAll("img")) {
+      let host = "";
+      try {
+        host = new URL(img.getAttribute("src") || "", location.href).host;
+      } catch {
+      }
+      const what = img.getAttribute("alt") || "an image";
+      const link = img.getAttribute("src") && /^https?:/.test(img.getAttribute("src")) ? el("a", { href: img.getAttribute("src"), target: "_blank", rel: "noopener noreferrer" }, "open it") : null;
+      img.replaceWith(el("span", { class: "img-blocked" }, `Image not shown: ${what}${host ? ` (from ${host})` : ""}`, link ? " · " : "", link));
+    }
     return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
   }
   function renderMarkdownInto(box, text) {
@@ -480,8 +581,8 @@
         heldBoxes.add(box);
         return;
       }
+      if (n.tagName === "PRE") n = codeBlock(n);
       n._html = html;
-      if (n.tagName === "PRE") addCopyButton(n);
       if (i < old.length) old[i].replaceWith(n);
       else box.append(n);
     });
@@ -517,24 +618,40 @@
   document.addEventListener("selectionchange", () => {
     for (const box of [...heldBoxes]) {
       heldBoxes.delete(box);
-      if (box._pending != null && box.isConnected) keepBottom(() => renderMarkdownInto(box, box._pending));
+      if (box._pending != null && box.isConnected) keepBottom(() => {
+        renderMarkdownInto(box, box._pending);
+        typeset(box);
+      });
     }
   });
-  function addCopyButton(pre) {
-    const b = el("button", { class: "copy", type: "button", "aria-label": "Copy code" }, "Copy");
+  function codeBlock(pre) {
+    const lang = /language-([\w+#.-]+)/.exec(pre.querySelector("code")?.className || "")?.[1] || "code";
+    return el(
+      "div",
+      { class: "code" },
+      el(
+        "div",
+        { class: "code-head" },
+        el("span", { class: "code-lang" }, lang),
+        copyButton(() => pre.querySelector("code")?.textContent ?? pre.textContent, `Copy ${lang === "code" ? "code" : lang + " code"}`)
+      ),
+      pre
+    );
+  }
+  function copyButton(text, label, word = "Copy") {
+    const b = el("button", { class: "copy", type: "button", "aria-label": label }, word);
     b.addEventListener("click", async () => {
-      const code = pre.querySelector("code")?.textContent ?? pre.textContent;
       try {
-        await navigator.clipboard.writeText(code);
+        await navigator.clipboard.writeText(text());
         b.textContent = "Copied";
       } catch {
         b.textContent = "Select and copy";
       }
       setTimeout(() => {
-        b.textContent = "Copy";
+        b.textContent = word;
       }, 1500);
     });
-    pre.prepend(b);
+    return b;
   }
   client.on("open", async () => {
     $("token-box").hidden = true;
@@ -1075,14 +1192,26 @@
   document.addEventListener("visibilitychange", seen);
   function renderMessages() {
     const box = $("messages");
-    const want = state.order.map((id) => state.messages.get(id)).filter(Boolean).map((m) => {
+    const inside = /* @__PURE__ */ new Map();
+    const want = [];
+    for (const m of state.order.map((id) => state.messages.get(id)).filter(Boolean)) {
       let node = state.nodes.get(m.msg_id);
       if (!node) {
         node = buildNode(m);
         state.nodes.set(m.msg_id, node);
       } else if (state.dirty.has(m.msg_id)) drawNode(m);
-      return node;
-    });
+      const host = m.caller && m.kind !== "relocate" ? state.nodes.get(m.caller) : null;
+      if (host?.querySelector(":scope > .tools")) {
+        if (!inside.has(host)) inside.set(host, []);
+        inside.get(host).push(node);
+      } else want.push(node);
+    }
+    for (const [host, blocks] of inside) {
+      const tools = host.querySelector(":scope > .tools");
+      blocks.forEach((n, i) => {
+        if (tools.children[i] !== n) tools.insertBefore(n, tools.children[i] || null);
+      });
+    }
     if (!want.length) want.push(el("div", { id: "empty", class: "empty" }, EMPTY_CHAT));
     keepBottom(() => {
       const have = [...box.children];
@@ -1092,6 +1221,21 @@
         if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null);
       });
     });
+  }
+  function blockLabel(m) {
+    const open = isOpen(m);
+    if (m.kind === "tool_call") {
+      const tool = m.metadata?.tool;
+      if (tool === "search") return open ? "Searching…" : "Searched";
+      return tool ? open ? `Using ${tool}…` : `Used ${tool}` : open ? "Using a tool…" : "Used a tool";
+    }
+    if (m.kind === "agentic_fn") {
+      const kids = Array.isArray(m.metadata?.context_tree?.children) ? m.metadata.context_tree.children : [];
+      const done = kids.filter((k) => k.status === "done").length;
+      const steps = kids.length ? ` (${open ? `${done} of ${kids.length}` : kids.length} steps)` : "";
+      return open ? `Working through steps…${steps}` : `Worked through steps${steps}`;
+    }
+    return m.kind === "relocate" ? "Project relocated" : m.kind.replaceAll("_", " ");
   }
   function renderTree(t) {
     if (!t || typeof t !== "object") return null;
@@ -1105,9 +1249,9 @@
   }
   function buildNode(m) {
     const node = m.caller ? el(
-      "div",
+      "details",
       { class: "block", "data-msg": m.msg_id },
-      el("div", { class: "head" }),
+      el("summary", { class: "head" }),
       el("div", { class: "tree-box" }),
       el("pre", { class: "text" }),
       el("div", { class: "meta" })
@@ -1116,6 +1260,7 @@
       { class: "msg", "data-msg": m.msg_id },
       el("div", { class: "who" }),
       el("div", { class: "bubble" }),
+      el("div", { class: "tools" }),
       el("div", { class: "meta" })
     );
     node._content = null;
@@ -1132,26 +1277,29 @@
     const word = stopped ? "stopped" : m.status === "aborted" ? "interrupted" : m.status === "error" ? "failed" : m.status;
     const badge = m.status !== "done" ? el("span", { class: `badge ${stopped ? "stopped" : m.status}` }, word) : null;
     if (m.caller) {
-      const label = m.kind === "tool_call" ? `Tool call${m.metadata?.tool ? ": " + m.metadata.tool : ""}` : m.kind === "agentic_fn" ? `Agentic function${m.metadata?.function ? ": " + m.metadata.function : ""}` : m.kind === "relocate" ? "Project relocated" : m.kind;
-      node.querySelector(".head").replaceChildren(label, badge || "");
-      node.querySelector(".tree-box").replaceChildren(...m.kind === "agentic_fn" ? [renderTree(m.metadata?.context_tree)].filter(Boolean) : []);
+      node.querySelector(".head").replaceChildren(blockLabel(m), badge && m.status !== "running" ? badge : "");
+      const tree = m.kind === "agentic_fn" ? renderTree(m.metadata?.context_tree) : null;
+      node.querySelector(".tree-box").replaceChildren(...tree ? [tree] : []);
       const pre = node.querySelector(".text");
+      pre.hidden = !!tree;
       if (pre.textContent !== m.content) {
         if (m.content.startsWith(pre.textContent)) pre.append(m.content.slice(pre.textContent.length));
         else pre.textContent = m.content;
       }
-      node.querySelector(".meta").replaceChildren(...reason && m.status !== "done" ? [el("div", { class: stopped ? "why stopped" : "why" }, REASON_WORDS[reason] || reason)] : []);
+      node.querySelector(":scope > .meta").replaceChildren(...reason && m.status !== "done" ? [el("div", { class: stopped ? "why stopped" : "why" }, REASON_WORDS[reason] || reason)] : []);
       return;
     }
     const who = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : m.role;
-    node.querySelector(".who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
-    const bubble = node.querySelector(".bubble");
+    node.querySelector(":scope > .who").replaceChildren(who, " ", timeEl(m.started_at) || "", badge || "");
+    const bubble = node.querySelector(":scope > .bubble");
     if (node._content !== m.content) {
-      if (m.role === "assistant") renderMarkdownInto(bubble, m.content);
-      else bubble.textContent = m.content;
+      if (m.role === "assistant") {
+        renderMarkdownInto(bubble, m.content);
+        typeset(bubble);
+      } else bubble.textContent = m.content;
       node._content = m.content;
     }
-    const meta = node.querySelector(".meta");
+    const meta = node.querySelector(":scope > .meta");
     const key = meta.contains(document.activeElement) && document.activeElement.dataset.key;
     meta.replaceChildren(...metaParts(m, reason));
     if (key) focusControl(m.msg_id, key);
@@ -1160,7 +1308,7 @@
     const node = state.nodes.get(msgId);
     const order = { prev: ["prev", "next"], next: ["next", "prev"], stop: ["stop", "retry"], retry: ["retry", "stop"] }[key] || [key];
     for (const k of order) {
-      const b = node?.querySelector(`.meta [data-key="${k}"]`);
+      const b = node?.querySelector(`:scope > .meta [data-key="${k}"]`);
       if (b && !b.disabled) {
         b.focus({ preventScroll: true });
         return true;
@@ -1197,6 +1345,11 @@
           onclick: () => switchBranch(sibs[i + 1], "next")
         }, "›")
       ));
+    }
+    if (m.role === "assistant" && !isOpen(m) && m.content) {
+      const copy = copyButton(() => m.content, "Copy the whole reply (Markdown)", "Copy");
+      copy.dataset.key = "copy";
+      controls.push(copy);
     }
     if (m.role === "assistant" && isOpen(m)) {
       controls.push(el("button", {
