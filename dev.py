@@ -80,7 +80,7 @@ def main() -> None:
                *rest]
     elif job == "screenshots":
         os.environ["SESSIONLOG_SCREENSHOTS"] = str(ROOT / "docs" / "screenshots")
-        cmd = [str(BIN / "python"), "-m", "pytest", "-q", "tests/test_browser.py", *rest]
+        cmd = [str(BIN / "python"), "-m", "pytest", "-q", "tests/test_browser.py", "tests/test_page_daily.py", *rest]
     else:
         # Two test processes (pytest-xdist) unless told otherwise (-n 0: one):
         # the suite's subprocesses, servers and browsers fill two cores.

@@ -393,6 +393,10 @@ def test_enter_on_touch_is_a_new_line_one_menu_for_the_chat_and_rows_room_with_t
         assert page.inner_text(".msg.user .bubble") == "line one\nline two"
     # the chat's actions: one ⋯ button, one header row
     assert page.locator("#chat-header").bounding_box()["height"] <= 64
+    if size == "phone":
+        page.click("#more")
+        shot(page, "phone-menu")
+        page.keyboard.press("Escape")
     page.focus("#more")
     page.keyboard.press("Enter")
     page.wait_for_selector("#menu", state="visible")
@@ -534,6 +538,7 @@ def test_dark_mode_follows_the_system_and_keeps_contrast(serve, api, browser, si
     bg = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
     assert bg == "rgb(24, 24, 27)", bg
     assert axe_violations(page) == [], "a chat in the dark"
+    shot(page, f"dark-{size}")
     page.click("#more")
     assert axe_violations(page) == [], "its menu"
     page.keyboard.press("Escape")
@@ -638,4 +643,105 @@ def test_a_long_list_is_drawn_a_page_at_a_time_grouped_by_day_with_undo_for_arch
     page.wait_for_selector("#toast .undo")
     wait_for(lambda: api.http.get(f"/v1/sessions/{ids[5]}").status_code == 404, "deleted after the Undo's seconds")
     page.wait_for_selector("#toast", state="hidden")
+    assert not page.errors
+
+
+# -- 6. Code, tools, Markdown ------------------------------------------------------------
+
+RICH = """Here is the plan, with code:
+
+```python
+def area(r):
+    return 3.14159 * r * r  # a long comment that makes this line wider than any phone's screen, and then some more
+```
+
+| item | count | note |
+| :-- | --: | :-: |
+| apples | 3 | fresh |
+| pears | 12 | ripe |
+
+> A quote worth keeping.
+
+- [x] read the log
+- [ ] write the answer
+
+Energy is $E = mc^2$, and the sum is
+
+$$\\sum_{i=1}^{n} i = \\frac{n(n+1)}{2}$$
+
+It costs $5 and $10, not math. ![a cat](https://example.com/cat.png)
+"""
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_code_tools_and_markdown_read_as_people_expect(serve, api, browser, size):
+    plain = api.session("Plain chat")
+    p_rid, p_stream = api.open_reply(plain, "Just words, nothing else.")
+    api.append(p_stream, "", close=True)
+    sid = api.session("Rich chat", first="Show me everything")
+    r = api("POST", f"/v1/sessions/{sid}/replies", {})
+    rid, stream = r["reply_id"], r["stream"]
+    api.append(stream, "Let me look that up.\n\n")
+    tool = api("POST", f"/v1/sessions/{sid}/replies", {"kind": "tool_call", "caller": rid, "parent_id": rid,
+                                                      "metadata": {"tool": "search"}})
+    api.append(tool["stream"], 'search("circle area")\n3 results', close=True)
+    fn = api("POST", f"/v1/sessions/{sid}/replies", {"kind": "agentic_fn", "caller": rid, "parent_id": rid,
+                                                    "metadata": {"function": "plan_steps"}})
+    steps = [{"name": s, "status": "done"} for s in ("read", "fold", "write")]
+    api("PATCH", f"/v1/sessions/{sid}/replies/{fn['reply_id']}",
+        {"tree": {"name": "plan_steps", "status": "done", "children": steps}})
+    api.append(fn["stream"], "- read\n- fold\n- write\n", close=True)
+    api.append(stream, RICH, close=True)
+    page = at_size(browser, f"{serve.url}&s={plain}", size)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    asked: list[str] = []
+    page.on("request", lambda q: asked.append(q.url))
+    page.wait_for_selector(f'[data-msg="{p_rid}"].done')
+    assert not any("katex" in u for u in asked), "no math: KaTeX is not loaded"
+    open_drawer(page, size)
+    page.click(f'#sessions li[data-id="{sid}"] button.row')
+    reply = page.locator(f'[data-msg="{rid}"]')
+    reply.locator(".bubble .math.typeset .katex").first.wait_for()
+    assert any("katex.min.js" in u for u in asked) and reply.locator(".math.typeset").count() == 2
+    assert "E = mc^2" not in reply.locator(".bubble").inner_text() and "$5 and $10" in reply.locator(".bubble").inner_text()
+    # code: a header bar with its language and Copy, outside the code that scrolls
+    code = reply.locator(".bubble .code")
+    assert code.locator(".code-lang").inner_text() == "python" and code.locator("pre button").count() == 0
+    before = code.locator(".code-head button.copy").bounding_box()
+    code.locator("pre").evaluate("p => { p.scrollLeft = 300; }")
+    assert code.locator("pre").evaluate("p => p.scrollLeft") > 0 or size == "desktop"
+    assert code.locator(".code-head button.copy").bounding_box() == before, "Copy stays put"
+    code.locator(".code-head button.copy").click()
+    page.wait_for_function("navigator.clipboard.readText().then(t => t.startsWith('def area(r):'))")
+    # the whole reply: Copy gives its Markdown
+    reply.locator(":scope > .meta [data-key=copy]").click()
+    page.wait_for_function("navigator.clipboard.readText().then(t => t.includes('| :-- | --: | :-: |'))")
+    # tables with borders and their alignment; a quote with a bar; task lists
+    aligns = reply.locator(".bubble th").evaluate_all("ths => ths.map(t => getComputedStyle(t).textAlign)")
+    assert aligns == ["left", "right", "center"]
+    assert reply.locator(".bubble td").first.evaluate("t => getComputedStyle(t).borderTopWidth") == "1px"
+    assert reply.locator(".bubble blockquote").evaluate("q => getComputedStyle(q).borderLeftWidth") == "4px"
+    boxes = reply.locator(".bubble li.task input[type=checkbox]")
+    assert boxes.count() == 2 and boxes.nth(0).is_checked() and not boxes.nth(1).is_checked() and boxes.nth(0).is_disabled()
+    # a blocked image says so, with a link
+    assert reply.locator(".bubble img").count() == 0
+    blocked = reply.locator(".bubble .img-blocked")
+    assert "Image not shown: a cat (from example.com)" in blocked.inner_text()
+    assert blocked.locator("a").get_attribute("href") == "https://example.com/cat.png"
+    # the tool call and the agentic steps: one line each, inside the reply, after its text, before its controls
+    blocks = reply.locator(":scope > .tools > details.block")
+    assert blocks.count() == 2
+    assert blocks.nth(0).locator("summary").inner_text().startswith("Searched")
+    assert blocks.nth(1).locator("summary").inner_text().startswith("Worked through steps (3 steps)")
+    assert not blocks.nth(0).evaluate("d => d.open") and not blocks.nth(0).locator(".text").is_visible()
+    order = reply.evaluate("""r => [...r.children].map(c => c.className.split(' ')[0])""")
+    assert order == ["who", "bubble", "tools", "meta"], order
+    shot(page, f"tool-call-{size}")
+    blocks.nth(1).locator("summary").click()  # open: the steps once, as a tree
+    assert blocks.nth(1).locator(".tree li li").count() == 3
+    assert not blocks.nth(1).locator(":scope > .text").is_visible()
+    blocks.nth(0).locator("summary").press("Enter")  # by keyboard too
+    page.wait_for_function(f'document.querySelector(\'[data-msg="{rid}"] details.block\').open')
+    assert 'search("circle area")' in blocks.nth(0).locator(".text").inner_text()
+    assert axe_violations(page) == []
     assert not page.errors

@@ -275,15 +275,17 @@ function codeBlock(pre) {
   const lang = /language-([\w+#.-]+)/.exec(pre.querySelector("code")?.className || "")?.[1] || "code";
   return el("div", { class: "code" },
     el("div", { class: "code-head" }, el("span", { class: "code-lang" }, lang),
-      copyButton(() => pre.querySelector("code")?.textContent ?? pre.textContent, `Copy ${lang === "code" ? "code" : lang + " code"}`)),
+      copyButton(() => pre.querySelector("code")?.textContent ?? pre.textContent, lang === "code" ? " code" : ` ${lang} code`)),
     pre);
 }
 
-function copyButton(text, label, word = "Copy") {
-  const b = el("button", { class: "copy", type: "button", "aria-label": label }, word);
+// Copy, and what (`more`, read to screen readers only): the name starts with what is shown.
+function copyButton(text, more) {
+  const shown = el("span", {}, "Copy");
+  const b = el("button", { class: "copy", type: "button" }, shown, el("span", { class: "visually-hidden" }, more));
   b.addEventListener("click", async () => {
-    try { await navigator.clipboard.writeText(text()); b.textContent = "Copied"; } catch { b.textContent = "Select and copy"; }
-    setTimeout(() => { b.textContent = word; }, 1500);
+    try { await navigator.clipboard.writeText(text()); shown.textContent = "Copied"; } catch { shown.textContent = "Select and copy"; }
+    setTimeout(() => { shown.textContent = "Copy"; }, 1500);
   });
   return b;
 }
@@ -897,7 +899,7 @@ function metaParts(m, reason) {
                      onclick: () => switchBranch(sibs[i + 1], "next") }, "›")));
   }
   if (m.role === "assistant" && !isOpen(m) && m.content) {
-    const copy = copyButton(() => m.content, "Copy the whole reply (Markdown)", "Copy");
+    const copy = copyButton(() => m.content, " the whole reply (Markdown)");
     copy.dataset.key = "copy";
     controls.push(copy);
   }

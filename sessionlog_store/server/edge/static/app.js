@@ -633,22 +633,23 @@
         "div",
         { class: "code-head" },
         el("span", { class: "code-lang" }, lang),
-        copyButton(() => pre.querySelector("code")?.textContent ?? pre.textContent, `Copy ${lang === "code" ? "code" : lang + " code"}`)
+        copyButton(() => pre.querySelector("code")?.textContent ?? pre.textContent, lang === "code" ? " code" : ` ${lang} code`)
       ),
       pre
     );
   }
-  function copyButton(text, label, word = "Copy") {
-    const b = el("button", { class: "copy", type: "button", "aria-label": label }, word);
+  function copyButton(text, more) {
+    const shown = el("span", {}, "Copy");
+    const b = el("button", { class: "copy", type: "button" }, shown, el("span", { class: "visually-hidden" }, more));
     b.addEventListener("click", async () => {
       try {
         await navigator.clipboard.writeText(text());
-        b.textContent = "Copied";
+        shown.textContent = "Copied";
       } catch {
-        b.textContent = "Select and copy";
+        shown.textContent = "Select and copy";
       }
       setTimeout(() => {
-        b.textContent = word;
+        shown.textContent = "Copy";
       }, 1500);
     });
     return b;
@@ -1347,7 +1348,7 @@
       ));
     }
     if (m.role === "assistant" && !isOpen(m) && m.content) {
-      const copy = copyButton(() => m.content, "Copy the whole reply (Markdown)", "Copy");
+      const copy = copyButton(() => m.content, " the whole reply (Markdown)");
       copy.dataset.key = "copy";
       controls.push(copy);
     }
