@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,9 +24,9 @@ import threading
 import time
 from typing import Any
 
+from bench.client_reads import TOKEN, _serve  # (a `serve` on a free port, with its token)
 from bench.report import pct, save, table, verdict
 
-TOKEN = "bench-page"
 CHROMIUM = os.environ.get("SESSIONLOG_CHROMIUM", "/usr/bin/chromium")
 OBSERVE = """
 window.__perf = { long: [], painted: [] };
@@ -40,27 +39,6 @@ document.addEventListener("keydown", () => requestAnimationFrame(() => {
   c.port2.postMessage(0);
 }), true);
 """
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(root: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sessionlog_store.server.cli", "serve", "--root", root, "--port",
-                             str(port), "--token", TOKEN, "--log-level", "WARNING"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("serve did not start")
-
 
 def reply_text(size: int) -> str:
     """A long model reply: headings, paragraphs, lists, code, a table."""
