@@ -12,7 +12,13 @@ import time
 import httpx
 import trio
 
-from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, MessageProgress, SessionDeleted
+from sessionlog_store.eventstore.events import (
+    MessageCreated,
+    MessageFinalized,
+    MessageProgress,
+    OwnerChanged,
+    SessionDeleted,
+)
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.search import Drop, Put, Redo, SearchFold, fts_query, split_marks
 from sessionlog_store.server.local.search import FILE
@@ -159,3 +165,33 @@ def test_a_reply_finished_before_a_sigkill_is_found_after_the_restart(tmp_path):
         assert ack["reply_id"] in [x["msg_id"] for x in got["hits"]], (word, got)
     finally:
         s.stop()
+
+
+async def test_a_failed_index_write_stops_the_writing_and_the_next_start_catches_up(root):
+    async with open_session_store(root) as store:
+        meta, _ = await store.create_session(first_message="the first words")
+        await store.search.settled()
+        store.search.db.db.execute("PRAGMA query_only = ON")  # every write of the index now fails
+        await store.append_events(meta.id, MessageCreated(msg_id="m2", content="the lighthouse keeper"))
+        await store.search.settled()
+        assert store.search.broken is not None
+        store.search.db.db.execute("PRAGMA query_only = OFF")  # (the disk has room again: a later batch would write)
+        await store.append_events(meta.id, MessageCreated(msg_id="m3", content="a later harbour"))  # (its seq moves on)
+        await store.search.settled()
+        got = await store.search.search("first", owner="")
+        assert got["complete"] is False and len(got["hits"]) == 1  # it answers from what it holds
+    async with open_session_store(root) as store:
+        await store.search.settled()
+        assert len((await store.search.search("lighthouse", owner=""))["hits"]) == 1, "caught up"
+        assert len((await store.search.search("harbour", owner=""))["hits"]) == 1
+
+
+async def test_a_session_given_to_another_user_is_found_by_its_new_owner_only(root):
+    async with open_session_store(root) as store:
+        meta, _ = await store.create_session(first_message="the albatross glides", owner="alice")
+        await store.search.settled()
+        assert len((await store.search.search("albatross", owner="alice"))["hits"]) == 1
+        await store.append_events(meta.id, OwnerChanged(owner="bob", previous="alice"))
+        await store.search.settled()
+        assert (await store.search.search("albatross", owner="alice"))["hits"] == []
+        assert len((await store.search.search("albatross", owner="bob"))["hits"]) == 1

@@ -141,8 +141,10 @@ class Operations:
                 if store.search is None:
                     raise ServiceError("unavailable", "search is kept by the local store only (docs/PROTOCOL.md)")
                 found = await store.search.search(text, owner=self.principal.reads, limit=limit, offset=offset)
-                of_hit = {sid: store.get_row(sid) for sid in {h["session_id"] for h in found["hits"]}
-                        if sid in store.registry.rows}  # (a session deleted since it was indexed: not a hit)
+                readable = {sid for sid in {h["session_id"] for h in found["hits"]}
+                            if (m := store.registry.get(sid)) is not None  # (deleted since: not a hit)
+                            and (self.principal.reads is None or m.owner == self.principal.reads)}  # (given away since)
+                of_hit = {sid: store.get_row(sid) for sid in readable}
                 found["hits"] = [{**h, "title": of_hit[h["session_id"]]["title"] or of_hit[h["session_id"]]["preview"] or "",
                                   "archived": of_hit[h["session_id"]]["archived"]}
                                  for h in found["hits"] if h["session_id"] in of_hit]

@@ -50,7 +50,8 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
         del found  # (a SessionRecovery a session: not kept for the store's life; issue 29, memory)
         search = await trio.to_thread.run_sync(lambda: SearchIndex(
             root, owner_of=lambda sid: (m.owner if (m := store.registry.get(sid)) is not None else None),
-            last_seq=es.last_seq, sessions=lambda: list(store.registry.rows)))
+            last_seq=es.last_seq, sessions=lambda: list(store.registry.rows), read_state=kept.read_state,
+            durable=es.flush))
         store.search = search
         es.listeners.append(search.on_record)
         try:

@@ -17,15 +17,14 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import trio
 
-from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.eventstore.record import Record
-from sessionlog_store.projections.recovery import load_session_state
 from sessionlog_store.projections.session import SessionMeta, SessionState
 from sessionlog_store.projections.search import (
     MARK_CLOSE,
@@ -185,14 +184,26 @@ class SearchIndex:
     batches, catch up at the start, answer queries scoped to an owner.
 
     `owner_of(sid)` and `last_seq(sid)` come from the store (its registry and
-    its log); `sessions()` lists the sessions there are."""
+    its log); `sessions()` lists the sessions there are; `read_state(sid)`
+    reads a session as the store does (what is acknowledged, written or
+    not); `durable()` waits until what was appended is durable.
+
+    The index never holds more than the logs do: a batch is written once its
+    records are durable, so after a crash the index is behind the logs, never
+    ahead, and each session's watermark (the seq its documents reflect)
+    tells the next start what to index again. A batch that fails to write
+    stops the writing (watermarks stay where they were: the next start
+    catches up); a session that cannot be read keeps its old watermark."""
 
     def __init__(self, root: str, *, owner_of: Callable[[str], str | None], last_seq: Callable[[str], int],
-                 sessions: Callable[[], Iterable[str]]) -> None:
+                 sessions: Callable[[], Iterable[str]], read_state: Callable[[str], Awaitable[SessionState]],
+                 durable: Callable[[], Awaitable[None]]) -> None:
         self.root = root
         self.db = SearchDB(os.path.join(root, FILE))
         self.fold = SearchFold()
         self.owner_of, self.last_seq, self.sessions = owner_of, last_seq, sessions
+        self.read_state, self.durable = read_state, durable
+        self._stuck: set[str] = set()  # sessions not read this run: their watermarks stay
         self._queue: list[tuple[str, Op, int]] = []  # (session, op, seq) as appended
         self._seen: dict[str, int] = {}              # session -> the last seq folded
         self._wake = trio.Event()
@@ -258,6 +269,9 @@ class SearchIndex:
     async def _flush(self) -> None:
         queue, self._queue = self._queue, []
         seen, self._seen = self._seen, {}
+        if self.broken is not None:
+            return  # (stopped writing: the next start catches up)
+        await self.durable()  # what this batch holds is in the logs for good before it is in the index
         ops: list[tuple[str, Any]] = []
         redo: set[str] = set()
         for sid, op, _ in queue:
@@ -270,8 +284,8 @@ class SearchIndex:
                 seen[sid] = -1
             elif isinstance(op, Redo):
                 redo.add(sid)
-        for sid in redo:
-            seen.pop(sid, None)  # (its seq is written with its pass over the log)
+        for sid in redo | self._stuck:
+            seen.pop(sid, None)  # (its seq is written with its pass over the log, or not at all)
         if ops or seen:
             await self._call(self.db.write, ops, seen)
         for sid in redo:
@@ -281,11 +295,12 @@ class SearchIndex:
         """One session from its log (snapshot and tail), replacing what is indexed of it."""
         owner = self.owner_of(sid)
         if owner is None:
-            return
+            return  # (deleted: its Drop is queued)
         try:
-            state, _ = await trio.to_thread.run_sync(load_session_state, OS_FILES, self.root, sid)
-        except (OSError, ValueError) as e:  # (gone meanwhile, or damaged: the store says which)
+            state = await self.read_state(sid)
+        except (OSError, ValueError, EventStoreError) as e:  # (gone meanwhile, or damaged: the store says which)
             log.warning("search: session %s not indexed: %s", sid, e)
+            self._stuck.add(sid)
             return
         puts = puts_of(sid, state)
         await self._call(self.db.write, [("replace", (sid, owner, puts))], {sid: state.seq})

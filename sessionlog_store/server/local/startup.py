@@ -98,7 +98,7 @@ async def start(store: Starting, config: StoreConfig, es: EventStore, caches: Ca
     done = MaintenancePlan()
     for sid in plan.to_idle:
         if await check.writable(sid):
-            await store.append_events(sid, SessionFlags(status="idle"))
+            await store.append_events(sid, SessionFlags(status="idle", unread=True))  # (a reply ended: news)
             done.to_idle.append(sid)
     kinds = {"empty shell": done.empty_shells, "archive expired": done.expired_archives,
              "over capacity": done.over_capacity}
