@@ -239,22 +239,32 @@ function renderMarkdownInto(box, text) {
 // so its start is known) that neither continues a list or an indented block
 // (it starts with no space) nor starts a list item (which would join the
 // list above it). From `from`, which is such a cut (or 0); returns the last.
-const FENCE = /^ {0,3}(`{3,}|~{3,})/;
+const FENCE = /^( {0,3})(`{3,}|~{3,})/;
 const JOINS = /^(\s|[-+*]\s|\d{1,9}[.)]\s|[-+*]$|\d{1,9}[.)]$)/;
+const BLANK = /^[ \t]*$/;  // (as markdown-it sees a blank line: a no-break space is text)
 function safeCut(text, from) {
   let cut = from, fence = null, blank = false, at = from;
   for (;;) {
     const nl = text.indexOf("\n", at);
     if (nl < 0) return cut;  // an unfinished line: nothing is known of it yet
     const line = text.slice(at, nl);
-    const f = FENCE.exec(line);
-    if (fence) {
-      if (f && f[1][0] === fence[0] && f[1].length >= fence.length && !line.slice(f[0].length).trim()) fence = null;
+    let f = FENCE.exec(line);
+    if (f && f[2][0] === "`" && line.slice(f[0].length).includes("`")) f = null;  // (not a fence: CommonMark)
+    if (f && f[1]) return cut;  // an indented fence (a list item's): where it ends depends on the list: no cut past it
+    if (fence === "$$" || fence === "\\[") {  // a math block ends on the line that ends with its close
+      if (line.trimEnd().endsWith(fence === "$$" ? "$$" : "\\]")) fence = null;
+    } else if (fence) {
+      if (f && f[2][0] === fence[0] && f[2].length >= fence.length && BLANK.test(line.slice(f[0].length))) fence = null;
     } else {
-      if (blank && line.trim() && !JOINS.test(line)) cut = at;
-      if (f) fence = f[1];
+      if (blank && !BLANK.test(line) && !JOINS.test(line)) cut = at;
+      const math = /^ {0,3}(\$\$|\\\[)/.exec(line);
+      if (f) fence = f[2];
+      else if (math) {
+        const close = math[1] === "$$" ? "$$" : "\\]", rest = line.trim().slice(2);
+        if (!(rest.trimEnd().endsWith(close) && rest.trim().length > 2)) fence = math[1];
+      }
     }
-    blank = !fence && !line.trim();
+    blank = !fence && BLANK.test(line);
     at = nl + 1;
   }
 }
@@ -298,19 +308,31 @@ client.on("open", async () => {
   if (state.queued && state.online) sendQueued();
 });
 
-// What was sent offline goes now, to the chat it was written in.
+// What was sent offline goes now, to the chat it was written in. It is kept
+// in the tab until then (a reload offline keeps it queued).
 async function sendQueued() {
   const q = state.queued;
-  state.queued = null;
+  setQueued(null);
   renderComposer();
   try {
     const ack = await request("chat", q.sid ? { content: q.text, session_id: q.sid } : { content: q.text, project_id: q.project });
     if (state.current === q.sid) await openSession(ack.session_id, { keep: ack.session_id === state.current });
     refreshRunning();
   } catch (e) {
-    showError(e.message);
-    if (state.current === q.sid && !$("input").value) { $("input").value = q.text; growInput(); }  // not lost
+    showError(`Not sent: ${e.message} (it is back in its chat's message box)`);
+    if (state.current === q.sid) { $("input").value = $("input").value ? `${q.text}\n${$("input").value}` : q.text; growInput(); }
+    else stashDraft(q.sid, q.text);  // not lost: the draft of its chat
   }
+}
+const QUEUED_KEY = "sessionlog-queued";
+function setQueued(q) {
+  state.queued = q;
+  try { if (q) sessionStorage.setItem(QUEUED_KEY, JSON.stringify(q)); else sessionStorage.removeItem(QUEUED_KEY); } catch { /* kept in memory */ }
+}
+try { state.queued = JSON.parse(sessionStorage.getItem(QUEUED_KEY) || "null"); } catch { state.queued = null; }
+function stashDraft(sid, text) {
+  const key = DRAFT_KEY + (sid ?? "new"), had = sessionStorage.getItem(key);
+  try { sessionStorage.setItem(key, had ? `${text}\n${had}` : text); } catch { /* full */ }
 }
 client.on("close", ({ failedOpens }) => { showConn(); if (failedOpens >= 3) checkRefused(); });
 client.on("push", onFrame);
@@ -384,6 +406,7 @@ async function openSession(sid, { keep = false, push = !keep } = {}) {
     closeDrawer();
     return;
   }
+  keepIfDeleting(sid);
   if (sid !== before) {
     closeRename();
     saveDraft();
@@ -400,8 +423,10 @@ async function openSession(sid, { keep = false, push = !keep } = {}) {
     loaded = await request("load_session", { session_id: sid });
   } catch (e) {
     if (state.current !== sid) return;
-    if (!state.online) state.wanted = sid;  // (the socket went meanwhile: open it when back)
-    showError(e.message);
+    if (!state.online) { state.wanted = sid; showError(e.message); return; }  // (the socket went meanwhile: open it when back)
+    // gone (deleted in another tab, an old address): say so, and show a new chat rather than another's messages
+    showError(e.code === "unknown_session" ? "That chat no longer exists." : e.message);
+    openDraft();
     return;
   }
   if (state.current !== sid) return;
@@ -656,9 +681,14 @@ function renderSidebar() {
     if (noneNode.textContent !== why) noneNode.textContent = why;
     want.push(noneNode);
   }
+  const at = focused && ul.contains(focused) ? [...ul.querySelectorAll("button.row")].indexOf(focused.closest("li")?.firstChild) : -1;
   want.forEach((n, i) => { if (ul.children[i] !== n) ul.insertBefore(n, ul.children[i] || null); });
   while (ul.children.length > want.length) ul.lastChild.remove();
   if (focused && focused !== document.activeElement && focused.isConnected) focused.focus({ preventScroll: true });
+  else if (at >= 0 && !focused.isConnected) {  // its row went (archived, deleted): the row now in its place
+    const rows = ul.querySelectorAll("button.row");
+    (rows[Math.min(at, rows.length - 1)] || $("search")).focus({ preventScroll: true });
+  }
   rovingStop();
   for (const b of $("views").children) {
     const on = b.dataset.view === state.view;
@@ -1004,9 +1034,13 @@ async function switchBranch(msgId, key) {
 
 async function send(text) {
   if (!state.online) {  // queued for the chat it was written in (or taken back): it goes when the connection is
-    if (state.queued) { $("input").value = state.queued.text; state.queued = null; }
-    else if (text.trim() && !runningReply()) {
-      state.queued = { text, sid: state.current, project: state.draftProject };
+    if (state.queued) {  // taken back, before what was typed since
+      const q = state.queued, typed = $("input").value;
+      setQueued(null);
+      if (q.sid !== state.current) stashDraft(q.sid, q.text);
+      else $("input").value = typed ? `${q.text}\n${typed}` : q.text;
+    } else if (text.trim() && !runningReply()) {
+      setQueued({ text, sid: state.current, project: state.draftProject });
       $("input").value = "";
       saveDraft();
     }
@@ -1232,34 +1266,34 @@ $("act-archive").addEventListener("click", async () => {
   closeMenu(true);
   if (await act("set_archived", { session_id: sid, archived })) {
     toast(archived ? "Chat archived." : "Chat restored from the archive.",
-          () => act("set_archived", { session_id: sid, archived: !archived }));
+          { undo: () => act("set_archived", { session_id: sid, archived: !archived }) });
   }
 });
-// Delete takes effect after the toast's few seconds (Undo keeps the chat);
-// a page closed meanwhile sends it as it goes.
+// Delete takes effect when its toast ends (Undo keeps the chat): its few
+// seconds, longer while the pointer or the focus is on it, or at once when
+// another toast takes its place or the page closes.
 $("act-delete").addEventListener("click", () => {
   const sid = state.menuFor;
   const wasOpen = sid === state.current;
   closeMenu(!wasOpen);
-  state.deleting.set(sid, setTimeout(() => reallyDelete(sid), UNDO_MS));
+  state.deleting.add(sid);
   if (wasOpen) { openDraft({ push: true }); $("input").focus(); }
   renderSidebar();
-  toast("Chat deleted.", () => {
-    clearTimeout(state.deleting.get(sid));
-    state.deleting.delete(sid);
-    renderSidebar();
-    if (wasOpen) openSession(sid);
-  });
+  toast("Chat deleted.", { undo: () => { keepChat(sid); if (wasOpen) openSession(sid); }, end: () => reallyDelete(sid) });
 });
-state.deleting = new Map();  // session id -> its delete's timer
+state.deleting = new Set();  // chats whose delete waits for its toast to end
 const UNDO_MS = 6000;
+function keepChat(sid) {
+  state.deleting.delete(sid);
+  renderSidebar();
+}
 async function reallyDelete(sid) {
   if (!state.deleting.has(sid)) return;
   state.deleting.delete(sid);
   if (!(await act("delete_session", { session_id: sid })) && state.sessions.has(sid)) renderSidebar();  // (refused: back)
 }
 addEventListener("pagehide", () => {
-  for (const sid of state.deleting.keys()) {
+  for (const sid of state.deleting) {
     fetch(new URL(`v1/sessions/${encodeURIComponent(sid)}`, location.href),
           { method: "DELETE", keepalive: true, headers: { Authorization: `Bearer ${TOKEN}` } });
   }
@@ -1267,17 +1301,32 @@ addEventListener("pagehide", () => {
 });
 
 // A toast: what just happened, with Undo for a few seconds (longer while
-// the pointer or the focus is on it).
-let toastTimer = null;
-function toast(text, undo) {
+// the pointer or the focus is on it). `end` runs when it goes without an
+// Undo: its time is up, or another toast takes its place.
+let toastTimer = null, toastEnd = null;
+function toast(text, { undo, end = null }) {
   const box = $("toast");
   clearTimeout(toastTimer);
-  box.replaceChildren(el("span", {}, text), el("button", { type: "button", class: "undo", onclick: () => {
-    box.hidden = true; undo();
-  } }, "Undo"));
+  const before = toastEnd;
+  toastEnd = end;
+  before?.();
+  const finish = (undone) => {
+    clearTimeout(toastTimer);
+    box.hidden = true;
+    const e = toastEnd;
+    toastEnd = null;
+    if (undone) undo(); else e?.();
+  };
+  box.replaceChildren(el("span", {}, text), el("button", { type: "button", class: "undo", onclick: () => finish(true) }, "Undo"));
   box.hidden = false;
-  const hide = () => { toastTimer = setTimeout(() => { if (!box.matches(":hover, :focus-within")) box.hidden = true; else hide(); }, UNDO_MS); };
-  hide();
+  const wait = () => { toastTimer = setTimeout(() => (box.matches(":hover, :focus-within") ? wait() : finish(false)), UNDO_MS); };
+  wait();
+}
+// Opening a chat whose delete waits (Back, a link): it is kept, as with Undo.
+function keepIfDeleting(sid) {
+  if (!state.deleting.has(sid)) return;
+  keepChat(sid);
+  if (toastEnd) { clearTimeout(toastTimer); toastEnd = null; $("toast").hidden = true; }
 }
 
 // -- the chat's actions: one "⋯" menu (the header's, and each row's on a desktop) --

@@ -594,22 +594,32 @@
     }
     box._md = box._pending === null ? { src: text.slice(0, cut), count: done.count + finished.length } : done;
   }
-  var FENCE = /^ {0,3}(`{3,}|~{3,})/;
+  var FENCE = /^( {0,3})(`{3,}|~{3,})/;
   var JOINS = /^(\s|[-+*]\s|\d{1,9}[.)]\s|[-+*]$|\d{1,9}[.)]$)/;
+  var BLANK = /^[ \t]*$/;
   function safeCut(text, from) {
     let cut = from, fence = null, blank = false, at = from;
     for (; ; ) {
       const nl = text.indexOf("\n", at);
       if (nl < 0) return cut;
       const line = text.slice(at, nl);
-      const f = FENCE.exec(line);
-      if (fence) {
-        if (f && f[1][0] === fence[0] && f[1].length >= fence.length && !line.slice(f[0].length).trim()) fence = null;
+      let f = FENCE.exec(line);
+      if (f && f[2][0] === "`" && line.slice(f[0].length).includes("`")) f = null;
+      if (f && f[1]) return cut;
+      if (fence === "$$" || fence === "\\[") {
+        if (line.trimEnd().endsWith(fence === "$$" ? "$$" : "\\]")) fence = null;
+      } else if (fence) {
+        if (f && f[2][0] === fence[0] && f[2].length >= fence.length && BLANK.test(line.slice(f[0].length))) fence = null;
       } else {
-        if (blank && line.trim() && !JOINS.test(line)) cut = at;
-        if (f) fence = f[1];
+        if (blank && !BLANK.test(line) && !JOINS.test(line)) cut = at;
+        const math = /^ {0,3}(\$\$|\\\[)/.exec(line);
+        if (f) fence = f[2];
+        else if (math) {
+          const close = math[1] === "$$" ? "$$" : "\\]", rest = line.trim().slice(2);
+          if (!(rest.trimEnd().endsWith(close) && rest.trim().length > 2)) fence = math[1];
+        }
       }
-      blank = !fence && !line.trim();
+      blank = !fence && BLANK.test(line);
       at = nl + 1;
     }
   }
@@ -662,18 +672,41 @@
   });
   async function sendQueued() {
     const q = state.queued;
-    state.queued = null;
+    setQueued(null);
     renderComposer();
     try {
       const ack = await request("chat", q.sid ? { content: q.text, session_id: q.sid } : { content: q.text, project_id: q.project });
       if (state.current === q.sid) await openSession(ack.session_id, { keep: ack.session_id === state.current });
       refreshRunning();
     } catch (e) {
-      showError(e.message);
-      if (state.current === q.sid && !$("input").value) {
-        $("input").value = q.text;
+      showError(`Not sent: ${e.message} (it is back in its chat's message box)`);
+      if (state.current === q.sid) {
+        $("input").value = $("input").value ? `${q.text}
+${$("input").value}` : q.text;
         growInput();
-      }
+      } else stashDraft(q.sid, q.text);
+    }
+  }
+  var QUEUED_KEY = "sessionlog-queued";
+  function setQueued(q) {
+    state.queued = q;
+    try {
+      if (q) sessionStorage.setItem(QUEUED_KEY, JSON.stringify(q));
+      else sessionStorage.removeItem(QUEUED_KEY);
+    } catch {
+    }
+  }
+  try {
+    state.queued = JSON.parse(sessionStorage.getItem(QUEUED_KEY) || "null");
+  } catch {
+    state.queued = null;
+  }
+  function stashDraft(sid, text) {
+    const key = DRAFT_KEY + (sid ?? "new"), had = sessionStorage.getItem(key);
+    try {
+      sessionStorage.setItem(key, had ? `${text}
+${had}` : text);
+    } catch {
     }
   }
   client.on("close", ({ failedOpens }) => {
@@ -752,6 +785,7 @@
       closeDrawer();
       return;
     }
+    keepIfDeleting(sid);
     if (sid !== before) {
       closeRename();
       saveDraft();
@@ -768,8 +802,13 @@
       loaded = await request("load_session", { session_id: sid });
     } catch (e) {
       if (state.current !== sid) return;
-      if (!state.online) state.wanted = sid;
-      showError(e.message);
+      if (!state.online) {
+        state.wanted = sid;
+        showError(e.message);
+        return;
+      }
+      showError(e.code === "unknown_session" ? "That chat no longer exists." : e.message);
+      openDraft();
       return;
     }
     if (state.current !== sid) return;
@@ -1059,11 +1098,16 @@
       if (noneNode.textContent !== why) noneNode.textContent = why;
       want.push(noneNode);
     }
+    const at = focused && ul.contains(focused) ? [...ul.querySelectorAll("button.row")].indexOf(focused.closest("li")?.firstChild) : -1;
     want.forEach((n, i) => {
       if (ul.children[i] !== n) ul.insertBefore(n, ul.children[i] || null);
     });
     while (ul.children.length > want.length) ul.lastChild.remove();
     if (focused && focused !== document.activeElement && focused.isConnected) focused.focus({ preventScroll: true });
+    else if (at >= 0 && !focused.isConnected) {
+      const rows2 = ul.querySelectorAll("button.row");
+      (rows2[Math.min(at, rows2.length - 1)] || $("search")).focus({ preventScroll: true });
+    }
     rovingStop();
     for (const b of $("views").children) {
       const on = b.dataset.view === state.view;
@@ -1459,10 +1503,13 @@
   async function send(text) {
     if (!state.online) {
       if (state.queued) {
-        $("input").value = state.queued.text;
-        state.queued = null;
+        const q = state.queued, typed = $("input").value;
+        setQueued(null);
+        if (q.sid !== state.current) stashDraft(q.sid, q.text);
+        else $("input").value = typed ? `${q.text}
+${typed}` : q.text;
       } else if (text.trim() && !runningReply()) {
-        state.queued = { text, sid: state.current, project: state.draftProject };
+        setQueued({ text, sid: state.current, project: state.draftProject });
         $("input").value = "";
         saveDraft();
       }
@@ -1739,7 +1786,7 @@
     if (await act("set_archived", { session_id: sid, archived })) {
       toast(
         archived ? "Chat archived." : "Chat restored from the archive.",
-        () => act("set_archived", { session_id: sid, archived: !archived })
+        { undo: () => act("set_archived", { session_id: sid, archived: !archived }) }
       );
     }
   });
@@ -1747,28 +1794,30 @@
     const sid = state.menuFor;
     const wasOpen = sid === state.current;
     closeMenu(!wasOpen);
-    state.deleting.set(sid, setTimeout(() => reallyDelete(sid), UNDO_MS));
+    state.deleting.add(sid);
     if (wasOpen) {
       openDraft({ push: true });
       $("input").focus();
     }
     renderSidebar();
-    toast("Chat deleted.", () => {
-      clearTimeout(state.deleting.get(sid));
-      state.deleting.delete(sid);
-      renderSidebar();
+    toast("Chat deleted.", { undo: () => {
+      keepChat(sid);
       if (wasOpen) openSession(sid);
-    });
+    }, end: () => reallyDelete(sid) });
   });
-  state.deleting = /* @__PURE__ */ new Map();
+  state.deleting = /* @__PURE__ */ new Set();
   var UNDO_MS = 6e3;
+  function keepChat(sid) {
+    state.deleting.delete(sid);
+    renderSidebar();
+  }
   async function reallyDelete(sid) {
     if (!state.deleting.has(sid)) return;
     state.deleting.delete(sid);
     if (!await act("delete_session", { session_id: sid }) && state.sessions.has(sid)) renderSidebar();
   }
   addEventListener("pagehide", () => {
-    for (const sid of state.deleting.keys()) {
+    for (const sid of state.deleting) {
       fetch(
         new URL(`v1/sessions/${encodeURIComponent(sid)}`, location.href),
         { method: "DELETE", keepalive: true, headers: { Authorization: `Bearer ${TOKEN}` } }
@@ -1777,21 +1826,36 @@
     state.deleting.clear();
   });
   var toastTimer = null;
-  function toast(text, undo) {
+  var toastEnd = null;
+  function toast(text, { undo, end = null }) {
     const box = $("toast");
     clearTimeout(toastTimer);
-    box.replaceChildren(el("span", {}, text), el("button", { type: "button", class: "undo", onclick: () => {
+    const before = toastEnd;
+    toastEnd = end;
+    before?.();
+    const finish = (undone) => {
+      clearTimeout(toastTimer);
       box.hidden = true;
-      undo();
-    } }, "Undo"));
-    box.hidden = false;
-    const hide = () => {
-      toastTimer = setTimeout(() => {
-        if (!box.matches(":hover, :focus-within")) box.hidden = true;
-        else hide();
-      }, UNDO_MS);
+      const e = toastEnd;
+      toastEnd = null;
+      if (undone) undo();
+      else e?.();
     };
-    hide();
+    box.replaceChildren(el("span", {}, text), el("button", { type: "button", class: "undo", onclick: () => finish(true) }, "Undo"));
+    box.hidden = false;
+    const wait = () => {
+      toastTimer = setTimeout(() => box.matches(":hover, :focus-within") ? wait() : finish(false), UNDO_MS);
+    };
+    wait();
+  }
+  function keepIfDeleting(sid) {
+    if (!state.deleting.has(sid)) return;
+    keepChat(sid);
+    if (toastEnd) {
+      clearTimeout(toastTimer);
+      toastEnd = null;
+      $("toast").hidden = true;
+    }
   }
   function openMenu(sid, trigger) {
     const row = state.sessions.get(sid);
