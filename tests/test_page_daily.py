@@ -163,6 +163,8 @@ def test_focus_survives_list_updates_arrow_keys_move_through_the_list_and_a_skip
     page.keyboard.press("ArrowUp")
     assert focused(page) == f"row:{newest_first[3]}"
     row_before = page.evaluate_handle("document.activeElement")
+    page.evaluate("document.querySelector('#session-panel').scrollTop = 120")
+    scrolled = page.evaluate("document.querySelector('#session-panel').scrollTop")
     # another tab (here the API) starts a chat and renames one: the list updates around the focus
     api.session("Started elsewhere")
     api("PATCH", f"/v1/sessions/{newest_first[3]}", {"title": "Renamed elsewhere"})
@@ -171,6 +173,7 @@ def test_focus_survives_list_updates_arrow_keys_move_through_the_list_and_a_skip
                            '.innerText.includes("Renamed elsewhere")')
     assert focused(page) == f"row:{newest_first[3]}", "the focused row kept the focus"
     assert page.evaluate("(r) => r === document.activeElement", row_before), "the same element, updated in place"
+    assert page.evaluate("document.querySelector('#session-panel').scrollTop") >= scrolled, "the list's scroll stays"
     page.keyboard.press("End")
     assert focused(page) == f"row:{ids[0]}"
     page.keyboard.press("Home")

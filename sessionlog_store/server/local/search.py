@@ -229,7 +229,7 @@ class SearchIndex:
         """Catch up, then write what the appends bring, until cancelled."""
         try:
             await self.catch_up()
-        except (sqlite3.Error, OSError) as e:
+        except (sqlite3.Error, OSError, EventStoreError) as e:
             self._failed(e)
         finally:
             self.catching_up = False
@@ -240,7 +240,9 @@ class SearchIndex:
             self._wake = trio.Event()
             try:
                 await self.flush()
-            except (sqlite3.Error, OSError) as e:  # a full disk, say: the store goes on; the next start catches up
+            except (sqlite3.Error, OSError, EventStoreError) as e:
+                # a full disk, or the store itself failed (its log: StoreBroken): the store goes on
+                # (or refuses writes, as it does); this index stops writing and the next start catches up
                 self._failed(e)
 
     def _failed(self, e: BaseException) -> None:
