@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from sessionlog_store.eventstore.errors import EventStoreError
+from sessionlog_store.eventstore.events import MessageProgress
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.session import SessionMeta, SessionState
 from sessionlog_store.projections.search import (
@@ -60,6 +61,15 @@ def owner_token(owner: str) -> str:
     return "o" + owner.encode().hex()
 
 
+def remove_index(path: str) -> None:
+    """The index's file and SQLite's beside it (a cache of the logs: gone, it is written again)."""
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.unlink(path + suffix)
+        except FileNotFoundError:
+            pass
+
+
 class SearchDB:
     """The SQLite side (blocking: called in a worker thread, one call at a time)."""
 
@@ -72,11 +82,7 @@ class SearchDB:
             return self._connect()
         except sqlite3.DatabaseError as e:  # a cache: start it again
             log.warning("search index %s unreadable (%s): writing it again", self.path, e)
-            for suffix in ("", "-wal", "-shm"):
-                try:
-                    os.unlink(self.path + suffix)
-                except FileNotFoundError:
-                    pass
+            remove_index(self.path)
             return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -164,11 +170,7 @@ class SearchDB:
 def rebuild_writer(root: str) -> Iterator[Callable[[str, SessionMeta, SessionState], None]]:
     """For `sessionlog rebuild`: the index written from nothing, a session at a time."""
     path = os.path.join(root, FILE)
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            os.unlink(path + suffix)
-        except FileNotFoundError:
-            pass
+    remove_index(path)
     db = SearchDB(path)
 
     def each(sid: str, meta: SessionMeta, state: SessionState) -> None:
@@ -220,7 +222,7 @@ class SearchIndex:
         for op in self.fold.apply(sid, rec):
             self._queue.append((sid, op, rec.seq))
         self._seen[sid] = rec.seq
-        if self._queue or type(rec.event).__name__ != "MessageProgress":
+        if self._queue or type(rec.event) is not MessageProgress:
             self._wake.set()
 
     # -- the writer --
