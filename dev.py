@@ -2,7 +2,7 @@
 """Set up .venv (once, or when pyproject.toml changes) and run a job in it.
 
     python3 dev.py serve [sessionlog serve options]   the server and its web page
-    python3 dev.py test [pytest options]               the test suite (in 2 processes; -n 0 for one)
+    python3 dev.py test [pytest options]               the test suite (in 3 processes; -n 0 for one)
     python3 dev.py torture                             the reliability suite's long mode
     python3 dev.py screenshots                         regenerate docs/screenshots/ (the browser tests)
     python3 dev.py page                                rebuild the page's bundle (needs Node 20+ and npm)
@@ -82,12 +82,14 @@ def main() -> None:
         os.environ["SESSIONLOG_SCREENSHOTS"] = str(ROOT / "docs" / "screenshots")
         cmd = [str(BIN / "python"), "-m", "pytest", "-q", "tests/test_browser.py", "tests/test_page_daily.py", *rest]
     else:
-        # Two test processes (pytest-xdist) unless told otherwise (-n 0: one):
-        # the suite's subprocesses, servers and browsers fill two cores.
+        # Three test processes (pytest-xdist) on the two cores unless told
+        # otherwise (-n 0: one): a fifth of the suite's time is tests waiting
+        # out a pause, a lease or a TTL on an idle core (two processes left a
+        # quarter of the CPU idle: 583 s; three: 464 s, the same day).
         # (worksteal: a process that is done takes tests queued for the other,
         # so the long ones do not end the run on one process alone)
         workers = [] if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in rest) \
-            else ["-n", "2", "--dist", "worksteal"]
+            else ["-n", "3", "--dist", "worksteal"]
         # The slowest tests, named at the end of every run (CI's too): the
         # suite is kept well under 10 minutes.
         durations = [] if any(a.startswith("--durations") for a in rest) else ["--durations=25"]
