@@ -74,8 +74,11 @@ async def test_a_stalled_subscriber_among_fifty_is_dropped_and_the_others_stream
             async with open_websocket("127.0.0.1", server.port, f"/ws?token={TOKEN}", use_ssl=False,
                                       message_queue_size=1) as stalled:
                 await stalled.send_message(json.dumps({"action": "subscribe_msg", "session_id": sid, "msg_id": rid}))
-                for _ in range(300):  # and flood it with replies it never reads
-                    await stalled.send_message('{"action": "list_sessions", "include_archived": true}')
+                try:
+                    for _ in range(300):  # and flood it with replies it never reads
+                        await stalled.send_message('{"action": "list_sessions", "include_archived": true}')
+                except ConnectionClosed:  # (already dropped, on a busy machine: its send timeout is 1 s)
+                    pass
                 results: list[str] = []
 
                 async def listener() -> None:
