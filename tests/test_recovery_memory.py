@@ -55,3 +55,37 @@ def test_what_a_start_freed_goes_back_to_the_system() -> None:
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     before, after, _ = map(int, out.stdout.split())
     assert before - after > 100, (before, after)
+
+
+async def test_a_recovery_returns_the_damaged_sessions_and_each_rows_mark(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """recover_registry keeps nothing a session beside its row and Mark (a
+    result a session held to the end left holes between the rows: issue 29):
+    what it returns is the damaged sessions, with what is wrong, and every
+    row's Mark is where its log ends; a start registers the logs from them
+    (a healthy session appends on, a damaged one is read-only)."""
+    from sessionlog_store.eventstore.errors import SessionReadOnly
+    from sessionlog_store.eventstore.local.log import log_path
+    root = str(tmp_path / "s")
+    async with open_session_store(root, config=StoreConfig(checkpoint_interval=3600)) as store:
+        ids = [(await store.create_session(first_message=f"hello {i}"))[0].id for i in range(3)]
+        for sid in ids:
+            await store.append_message(sid, "and more")
+    path = log_path(root, ids[1])
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    lines[1] = lines[1].replace(b"hello 1", b"jello 1")  # a flipped record with good ones after it
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines))
+    registry, damaged, report = recover_registry(OS_FILES, root, use_checkpoint=False, repair=False)
+    assert set(damaged) == {ids[1]} and "checksum" in str(damaged[ids[1]]), damaged
+    assert set(registry.rows) == set(ids)
+    for sid in (ids[0], ids[2]):
+        assert registry.marks[sid].end == os.path.getsize(log_path(root, sid)) and registry.marks[sid].seq == 3
+    async with open_session_store(root, config=StoreConfig(checkpoint_interval=3600)) as store:
+        await store.append_message(ids[2], "after the restart")
+        assert store.get_meta(ids[2]).message_count == 3
+        import pytest
+        with pytest.raises(SessionReadOnly):
+            await store.append_message(ids[1], "refused")
+    registry, damaged, _ = recover_registry(OS_FILES, root, use_checkpoint=False, repair=False)
+    assert set(damaged) == {ids[1]} and registry.rows[ids[2]].message_count == 3

@@ -49,7 +49,7 @@ def rebuild(fs: FileOps, root: str, progress: Progress | None = None,
     `each(sid, meta, state)` for every session replayed (another projection
     written from the same pass: the search index)."""
     t0 = time.perf_counter()
-    registry, found, rep = recover_registry(fs, root, use_checkpoint=False, repair=True, progress=progress)
+    registry, damaged, rep = recover_registry(fs, root, use_checkpoint=False, repair=True, progress=progress)
     out = RebuildReport(sessions=len(registry), records=rep.records,
                         torn_repaired=[str(t) for t in rep.torn],
                         quarantined=[str(c) for c in rep.quarantined],
@@ -58,15 +58,15 @@ def rebuild(fs: FileOps, root: str, progress: Progress | None = None,
                  + [f"orphan folder: {o}" for o in rep.orphans]
                  + [f"removed left-over file: {t}" for t in rep.temp_files])
     entries = {}
-    for sid, rec in found.items():
-        assert rec.meta is not None
-        if rec.corrupt is None:  # a quarantined session is never checkpointed: startup replays it
-            entries[sid] = SessionEntry(seq=rec.seq, end=rec.end, meta=rec.meta)
+    for sid, meta in registry.rows.items():
+        if sid not in damaged:  # a quarantined session is never checkpointed: startup replays it
+            mark = registry.marks[sid]
+            entries[sid] = SessionEntry(seq=mark.seq, end=mark.end, meta=meta)
         state, _ = load_session_state(fs, root, sid, use_snapshot=False)
         write_snapshot(fs, root, sid, encode_snapshot(state))
         out.snapshots += 1
         if each is not None:
-            each(sid, rec.meta, state)
+            each(sid, meta, state)
     write_index(fs, root, encode_index(IndexCheckpoint(written_at=time.time(), sessions=entries)))
     out.seconds = time.perf_counter() - t0
     return out

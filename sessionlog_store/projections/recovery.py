@@ -198,9 +198,15 @@ def shared_strings(meta: SessionMeta, sid: str, pool: dict[str, str]) -> Session
 
 
 def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, repair: bool = True,
-                     progress: object = None) -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
+                     progress: object = None) -> tuple[Registry, dict[str, CorruptRecord], RecoveryReport]:
     """Rebuild the registry from the checkpoint and the logs' tails (sync: run it
-    in a worker thread). Unfinished deletions are completed."""
+    in a worker thread). Unfinished deletions are completed. With the registry:
+    the sessions found damaged (quarantined: read-only), with what is wrong.
+    Every row's (seq, end) is its registry Mark.
+
+    (Nothing else a session is kept while the others are read: a result a
+    session held to the end and then dropped left ~130 bytes of holes a
+    session between the rows, 13 MB of RSS at 100,000 sessions: issue 29.)"""
     t0 = time.perf_counter()
     report = RecoveryReport()
     if repair:  # before anything reads a log or the checkpoint (a no-op once the event store applied it)
@@ -212,7 +218,7 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
         report.checkpoint = "not used"
     entries = entries or {}
     registry = Registry()
-    found: dict[str, SessionRecovery] = {}
+    damaged: dict[str, CorruptRecord] = {}
     ids, orphans = session_folders(fs, root)
     pool: dict[str, str] = {}
     if repair:
@@ -241,7 +247,8 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
             if rec.corrupt is None:
                 report.quarantined.append(corrupt)
             rec = SessionRecovery(meta, rec.seq, rec.end, 0, corrupt, False, rec.first_ts)
-        found[sid] = rec
+        if rec.corrupt is not None:
+            damaged[sid] = rec.corrupt
         assert rec.meta is not None
         registry.put(shared_strings(rec.meta, sid, pool), sid, Mark(seq=rec.seq, end=rec.end, meta_seq=rec.meta_seq))
         if callable(progress):
@@ -261,7 +268,7 @@ def recover_registry(fs: FileOps, root: str, *, use_checkpoint: bool = True, rep
                                   f"{', '.join(sorted(_listdir(fs, folder))) or 'not a folder'})")
     report.sessions = len(registry)
     report.seconds = time.perf_counter() - t0
-    return registry, found, report
+    return registry, damaged, report
 
 
 _TEMP_NAMES = frozenset({SNAPSHOT_NAME + ".tmp", INDEX_NAME + ".tmp"})

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any, Final
 
 import msgspec
-from sortedcontainers import SortedKeyList
+from sortedcontainers import SortedList
 
 from sessionlog_store.eventstore.events import MessageProgress
 from sessionlog_store.eventstore.record import Record
@@ -28,14 +28,10 @@ ROW_ATTRS: Final = tuple((f.name, f.encode_name) for f in msgspec.structs.fields
 ROW_FIELDS: Final = tuple(wire for _, wire in ROW_ATTRS)
 
 
-class Mark(msgspec.Struct, kw_only=True):
+class Mark(msgspec.Struct, kw_only=True, gc=False):
     seq: int = 0          # last record applied
     end: int = 0          # byte offset just past it
     meta_seq: int = 0     # the record at which the meta last changed
-
-
-def _order_key(meta: SessionMeta) -> tuple[float, str]:
-    return (-meta.updated_at, meta.id)
 
 
 class InvalidFilter(ValueError):
@@ -48,7 +44,10 @@ class Registry:
     def __init__(self) -> None:
         self.rows: dict[str, SessionMeta] = {}
         self.marks: dict[str, Mark] = {}
-        self._order: SortedKeyList = SortedKeyList(key=_order_key)
+        # Rows in the list's own order (SessionMeta.__lt__: newest first, then
+        # by id): no sort key a row (a key tuple and its float were ~100 bytes
+        # a session, 10 MB at 100,000 sessions: issue 29).
+        self._order: SortedList = SortedList()
         self.owned: Counter[str] = Counter()  # rows per owner (the per-user session limit)
         self.archived = 0  # archived rows (kept as rows change: a metrics scrape counts nothing)
 
@@ -141,7 +140,7 @@ class Registry:
         """Invariants: the order index holds exactly the rows, sorted by updated_at."""
         assert len(self._order) == len(self.rows), (len(self._order), len(self.rows))
         ordered = list(self._order)
-        assert ordered == sorted(self.rows.values(), key=_order_key), "order index out of sort"
+        assert ordered == sorted(self.rows.values(), key=lambda m: (-m.updated_at, m.id)), "order index out of sort"
         for sid, meta in self.rows.items():
             assert meta.id == sid, (sid, meta.id)
         assert self.owned == Counter(m.owner for m in self.rows.values()), "owner counts out of step"

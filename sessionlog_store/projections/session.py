@@ -33,7 +33,7 @@ def truncate_preview(text: str | None, max_len: int = PREVIEW_LEN) -> str | None
     return t[:max_len - 3] + "…" if len(t) > max_len else t
 
 
-class SessionMeta(msgspec.Struct, frozen=True, kw_only=True):
+class SessionMeta(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A session's meta: the 15 stored registry fields plus `preview` (the 17th
     field of a listed row, `project`, is filled in when listing). See
     docs/API.md for each field."""
@@ -58,6 +58,11 @@ class SessionMeta(msgspec.Struct, frozen=True, kw_only=True):
     # Not part of a row: ids of messages still pending or running (what the
     # startup abort sweep needs without loading every message).
     open_msgs: tuple[str, ...] = ()
+
+    def __lt__(self, other: SessionMeta) -> bool:
+        """The session list's order: newest first (updated_at), then by id."""
+        u, v = self.updated_at, other.updated_at
+        return u > v or (u == v and self.id < other.id)
 
 
 def apply_meta(meta: SessionMeta | None, record: Record) -> SessionMeta | None:

@@ -232,8 +232,8 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
     root = _existing_store(args.root)
     cfg = maintenance_config(args)
     if args.dry_run:
-        registry, found, _ = recover_registry(OS_FILES, root, repair=False)
-        healthy = [m for sid, m in registry.rows.items() if found[sid].corrupt is None]
+        registry, damaged, _ = recover_registry(OS_FILES, root, repair=False)
+        healthy = [m for sid, m in registry.rows.items() if sid not in damaged]
         plan = plan_maintenance(healthy, time.time(), cfg)
         for sid, why in plan.removals():
             meta = registry.rows[sid]

@@ -37,7 +37,7 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
     root = os.path.abspath(root)
     async with open_event_store(root, fs=fs, sync_mode=config.sync_mode,
                                 journal_sync_interval=config.journal_sync_interval) as es:
-        registry, found, report = await recover(fs, root)
+        registry, damaged, report = await recover(fs, root)
 
         def keeper(s: SessionStore) -> LocalKeeper:
             return LocalKeeper(es, s.registry, s.states, fs, root, config, s.quarantine)
@@ -46,8 +46,7 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
                              progress_slots=SLOTS if es.journal else 1)
         kept = store.keeper
         assert isinstance(kept, LocalKeeper)
-        await start(store, config, es, kept.caches, kept.prefix_check, LocalProjectLog(fs, root), found, report)
-        del found  # (a SessionRecovery a session: not kept for the store's life; issue 29, memory)
+        await start(store, config, es, kept.caches, kept.prefix_check, LocalProjectLog(fs, root), damaged, report)
         search = await trio.to_thread.run_sync(lambda: SearchIndex(
             root, owner_of=lambda sid: (m.owner if (m := store.registry.get(sid)) is not None else None),
             last_seq=es.last_seq, sessions=lambda: list(store.registry.rows), read_state=kept.read_state,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from sessionlog_store.eventstore.local.commit import EventStore
     from sessionlog_store.eventstore.local.fsio import FileOps
     from sessionlog_store.eventstore.backend import Appended, ProjectLog
-    from sessionlog_store.projections.recovery import SessionRecovery, RecoveryReport
+    from sessionlog_store.projections.recovery import RecoveryReport
     from sessionlog_store.projections.registry import Registry
     from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.domain.projects import ProjectRegistry
@@ -43,25 +43,25 @@ class Starting(Protocol):
     async def delete_session(self, session_id: str) -> bool: ...
 
 
-async def recover(fs: FileOps, root: str) -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
+async def recover(fs: FileOps, root: str) -> tuple[Registry, dict[str, CorruptRecord], RecoveryReport]:
     """The registry from index.json and the logs' tails (the first step of a
     start, before the store is made around it)."""
-    def replay() -> tuple[Registry, dict[str, SessionRecovery], RecoveryReport]:
+    def replay() -> tuple[Registry, dict[str, CorruptRecord], RecoveryReport]:
         with gc_paused():
             return recover_registry(fs, root)
     return await trio.to_thread.run_sync(replay)
 
 
 async def start(store: Starting, config: StoreConfig, es: EventStore, caches: Caches, check: PrefixCheck,
-                projects: ProjectLog, found: dict[str, SessionRecovery], report: RecoveryReport) -> None:
+                projects: ProjectLog, damaged: dict[str, CorruptRecord], report: RecoveryReport) -> None:
     """With the registry recovered: register the logs, load the projects,
     abort what was left running, run maintenance, write index.json and log
     one summary line."""
     registry = store.registry
     report.journal = es.journal_recovery  # applied when the event store opened
     store.recovery = report
-    for sid, rec in found.items():
-        es.register(sid, rec.seq, rec.end, rec.corrupt)
+    for sid, mark in registry.marks.items():
+        es.register(sid, mark.seq, mark.end, damaged.get(sid))
     if config.check_after_start:
         check.unchecked = dict.fromkeys(report.tail_replayed)
     await store.projects.load(projects)
