@@ -137,7 +137,7 @@ def test_progress_records_are_written_short_and_old_long_ones_still_read():
 
 
 def test_the_one_pass_decoder_agrees_with_the_line_by_line_one():
-    """scan decodes a good log in one msgspec pass; any line it cannot vouch
+    """scan decodes a good log without a Python loop a line; any line it cannot vouch
     for sends it back to the line-by-line path, which reports it."""
     from sessionlog_store.eventstore.record import decode_lines
     good = [encode_record(i, 1.0 + i, ev) for i, ev in enumerate(
@@ -158,7 +158,7 @@ def test_the_one_pass_decoder_agrees_with_the_line_by_line_one():
 
 def test_the_one_pass_decoder_never_reads_objects_across_lines():
     """Review finding: lines with good checksums whose JSON objects span or
-    share lines decode as one array; the one-pass path must hand them back."""
+    share lines (once decoded as one array); the fast path must hand them back."""
     import zlib
 
     from sessionlog_store.eventstore.record import decode_lines
@@ -172,3 +172,45 @@ def test_the_one_pass_decoder_never_reads_objects_across_lines():
     assert decode_lines([l1, l2, l3]) is None
     data = l1 + b"\n" + l2 + b"\n" + l3 + b"\n"
     assert scan("s", data, expect_seq=1).records == []  # what the line-by-line path makes of it
+
+
+def test_scan_meta_agrees_with_scan_and_keeps_no_progress_record():
+    """scan_meta (the registry's replay, issue 29) is scan(meta_only=True)
+    without a Record a progress record: the same counts, ends, damage and
+    first and last records, on good logs, torn ones, flipped ones, a seq gap
+    and lines whose objects span lines (good checksums)."""
+    import zlib
+
+    from sessionlog_store.eventstore.record import PROGRESS_STANDIN, decode_lines, scan_meta
+
+    def line(rest: bytes) -> bytes:
+        return b'{"crc":"%08x",%s\n' % (zlib.crc32(rest), rest)
+    mixed = b"".join(encode_record(i, float(i), SessionRenamed(title=f"t{i}") if i % 3 == 1 else
+                                   MessageProgress(msg_id="m", content_delta="x", offset=i)) for i in range(1, 9))
+    flipped = bytearray(mixed)
+    flipped[mixed.index(b'"o":5') + 4] ^= 1
+    spans = (line(b'"seq":1,"ts":1.0,"type":"session_renamed","title":"a","x":[{}')
+             + line(b'"z":0}]}') + encode_record(3, 3.0, SessionRenamed(title="c")))
+    two = line(b'"seq":1,"ts":1.0,"type":"q","m":"m","d":"a","o":0},{"seq":2,"ts":1.0,"type":"q","m":"m","d":"b","o":1}')
+    gap = mixed + encode_record(10, 10.0, SessionRenamed(title="late"))
+    cases = [b"", LOG, mixed, mixed + b'{"crc":"12', mixed + b"\x00" * 40, bytes(flipped), spans, two + LOG, gap,
+             mixed[:-1]]
+    seen_fast = 0
+    for data in cases:
+        for start in (1, 4):
+            if start != 1 and not data.startswith(encode_record(1, 1.0, SessionRenamed(title="t1"))):
+                continue
+            cut = len(b"".join(data.splitlines(keepends=True)[:start - 1]))
+            s = scan("s", data[cut:], base_offset=cut, base_line=start - 1, expect_seq=start, meta_only=True)
+            m = scan_meta("s", data[cut:], base_offset=cut, base_line=start - 1, expect_seq=start)
+            assert m.records == [r for r in s.records if r.event is not PROGRESS_STANDIN], data
+            assert not any(type(r.event) is MessageProgress or r.event is PROGRESS_STANDIN for r in m.records)
+            assert (m.total, m.good_end, m.torn_bytes, m.corrupt and str(m.corrupt)) == \
+                (len(s.records), s.good_end, s.torn_bytes, s.corrupt and str(s.corrupt)), data
+            assert m.first_ts == (s.records[0].ts if s.records else 0.0)
+            assert m.last_seq == (s.records[-1].seq if s.records else start - 1)
+            seen_fast += m.total == 8 and not m.torn_bytes
+    assert seen_fast
+    # the fast path hands back what it cannot vouch for: a line holding two records, lines sharing one object
+    assert decode_lines([two[:-1]], meta_only=True) is None
+    assert decode_lines(spans.splitlines(), meta_only=True) is None

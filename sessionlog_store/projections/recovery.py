@@ -56,7 +56,7 @@ from sessionlog_store.eventstore.local.fsio import FileOps
 from sessionlog_store.eventstore.local.journal import JournalRecovery, apply_journal
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.eventstore.local.log import LOG_NAME, log_path, read_log, repair_torn_tail, session_dir, session_folders
-from sessionlog_store.eventstore.record import PROGRESS_STANDIN, scan, with_ends
+from sessionlog_store.eventstore.record import scan, scan_meta, with_ends
 
 from .checkpoint import (INDEX_NAME, SNAPSHOT_NAME, decode_entry, index_path, read_index_entries, read_snapshot,
                          snapshot_path)
@@ -100,20 +100,18 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
     """Fold a session's log (or its tail past a checkpoint entry) into its meta."""
     offset = entry_end if entry_meta is not None else 0
     data = read_log(fs, root, sid, offset=offset)
-    s = scan(sid, data, base_offset=offset, expect_seq=entry_seq + 1 if offset else 1, meta_only=True)
-    if offset and (s.corrupt is not None or (s.torn_bytes and not s.records)):
+    s = scan_meta(sid, data, base_offset=offset, expect_seq=entry_seq + 1 if offset else 1)
+    if offset and (s.corrupt is not None or (s.torn_bytes and not s.total)):
         # The tail does not continue the checkpoint: trust only the log.
         return replay_meta(fs, root, sid, report, repair=repair)
     meta = entry_meta if offset else None
     meta_seq = entry_seq if offset else 0
-    for rec in s.records:
-        if rec.event is PROGRESS_STANDIN:  # (no meta change: most of a log)
-            continue
+    for rec in s.records:  # (not progress: no meta change, most of a log)
         new = apply_meta(meta, rec)
         if new is not meta:
             meta_seq = rec.seq
         meta = new
-    report.records += len(s.records)
+    report.records += s.total
     report.bytes += len(data)
     if offset:
         report.tail_replays += 1
@@ -128,10 +126,10 @@ def replay_meta(fs: FileOps, root: str, sid: str, report: RecoveryReport,
             report.torn.append(TornTail(sid, s.torn_bytes, "(not repaired)"))
     if s.corrupt is not None:
         report.quarantined.append(s.corrupt)
-    seq = s.records[-1].seq if s.records else entry_seq if offset else 0
+    seq = s.last_seq if s.total else entry_seq if offset else 0
     # Only a log that folds to no meta can be a deletion: look for its tombstone then.
     deleted = meta is None and any(type(r.event) is SessionDeleted for r in s.records)
-    first_ts = s.records[0].ts if s.records and not offset else 0.0
+    first_ts = s.first_ts if s.total and not offset else 0.0
     return SessionRecovery(meta, seq, s.good_end, meta_seq, s.corrupt, deleted, first_ts)
 
 
@@ -157,14 +155,13 @@ def check_prefix(fs: FileOps, root: str, sid: str, end: int) -> CorruptRecord | 
         data = carry + chunk
         cut = data.rfind(b"\n") + 1
         carry = data[cut:]
-        s = scan(sid, data[:cut], base_line=line, expect_seq=expect, meta_only=True)
+        s = scan_meta(sid, data[:cut], base_line=line, expect_seq=expect)
         if s.corrupt is not None:
             return s.corrupt
         if s.torn_bytes:  # a bad line last in this piece is damage too: the log goes on
-            return CorruptRecord(sid, line + len(s.records) + 1, "a damaged record before the checkpointed end")
-        line += len(s.records)
-        if s.records:
-            expect = s.records[-1].seq + 1
+            return CorruptRecord(sid, line + s.total + 1, "a damaged record before the checkpointed end")
+        line += s.total
+        expect = s.last_seq + 1
     if carry or pos < end:
         return CorruptRecord(sid, line + 1, "a damaged record before the checkpointed end of the log")
     return None
