@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterator
-from itertools import repeat
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter, not_
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -172,9 +172,9 @@ def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record]
         got = _decode_for_meta(lines)
         if got is None:
             return None
-        envs, keep, decoded = got
+        envs, kept, decoded = got
         events = [PROGRESS_STANDIN] * len(envs)
-        for i, ev in zip(keep, decoded):
+        for i, ev in zip(compress(range(len(envs)), kept), decoded):
             events[i] = ev
     else:
         if not _checksums_hold(lines):
@@ -195,21 +195,23 @@ def _checksums_hold(lines: list[bytes]) -> bool:
     return list(map(_HEADER, lines)) == list(map(b'{"crc":"%08x",'.__mod__, map(zlib.crc32, map(_BODY, lines))))
 
 
-def _decode_for_meta(lines: list[bytes]) -> tuple[list[_TaggedEnvelope], list[int], list[Event]] | None:
-    """Checked lines' envelopes with their types, and the places and events
-    of the lines a meta fold reads (not progress: only those are decoded,
-    each from its line); None if any line is not a good record."""
+def _decode_for_meta(lines: list[bytes]) -> tuple[list[_TaggedEnvelope], list[bool], list[Event]] | None:
+    """Checked lines' envelopes with their types, which lines a meta fold
+    reads (not progress) and their events (only those lines are decoded);
+    None if any line is not a good record. Every step a map in C."""
     if not _checksums_hold(lines):
         return None
     try:
         heads = list(map(_TAGGED_ENVELOPE_OF, lines))
-        keep = [i for i, t in enumerate(map(_TYPE, heads)) if t not in _PROGRESS_TYPES]
-        decode = EVENT_DECODER.decode
-        events = [ev.upgrade() if type(ev) in _UPGRADED else ev  # type: ignore[union-attr]
-                  for ev in [decode(lines[i]) for i in keep]]
+        kept = list(map(not_, map(_PROGRESS_TYPES.__contains__, map(_TYPE, heads))))
+        # (no upgrade: the upgraded types are progress, never kept)
+        events = list(map(EVENT_DECODER.decode, compress(lines, kept)))
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    return heads, keep, events
+    return heads, kept, events
+
+
+assert {t.__struct_config__.tag for t in _UPGRADED} <= _PROGRESS_TYPES
 
 
 # -- scanning a log's bytes (any backend's: a file, a stream subject's messages) --
@@ -284,9 +286,10 @@ def scan_meta(session_id: str, data: bytes, *, expect_seq: int, base_offset: int
     tail = lines.pop()  # no newline: empty, or an interrupted write
     got = _decode_for_meta(lines)
     if got is not None:
-        heads, keep, events = got
+        heads, kept, events = got
         if list(map(_SEQ, heads)) == list(range(expect_seq, expect_seq + len(heads))):
-            records = [Record(heads[i].seq, heads[i].ts, ev) for i, ev in zip(keep, events)]
+            ours = list(compress(heads, kept))
+            records = list(map(tuple.__new__, repeat(Record), zip(map(_SEQ, ours), map(_TS, ours), events)))
             pos = len(data) - len(tail)
             return MetaScan(records, len(heads), heads[0].ts if heads else 0.0, expect_seq + len(heads) - 1,
                             base_offset + pos, len(data) - pos, None)
