@@ -214,3 +214,28 @@ def test_scan_meta_agrees_with_scan_and_keeps_no_progress_record():
     # the fast path hands back what it cannot vouch for: a line holding two records, lines sharing one object
     assert decode_lines([two[:-1]], meta_only=True) is None
     assert decode_lines(spans.splitlines(), meta_only=True) is None
+
+
+def test_the_checksum_check_of_many_lines_is_each_lines_exactly():
+    """The lines' checksums are checked all at once in C (issue 29): the
+    answer is that of each line's header compared on its own, for headers
+    in capitals, short lines, a moved quote, a CRC of the next line, and one
+    bad line among good ones at every place."""
+    import zlib
+
+    from sessionlog_store.eventstore.record import _checksums_hold
+
+    def one(line: bytes) -> bool:
+        return line[:18] == b'{"crc":"%08x",' % zlib.crc32(line[18:])
+    good = [encode_record(i, float(i), SessionRenamed(title=f"t{i}"))[:-1] for i in range(1, 6)]
+    crc = good[0][8:16]
+    odd = [good[0][:8] + crc.upper() + good[0][16:], good[0][:17], b"", b'{"crc":"', good[0][:8] + crc,
+           good[0][:16] + b"'," + good[0][18:], b'{"crc" :' + crc + b'",' + good[0][18:], good[1][:18] + good[0][18:],
+           b"[" + good[0][1:], good[0] + b" "]
+    assert _checksums_hold(good) and all(map(one, good))
+    for bad in odd:
+        assert not one(bad)
+        for at in range(len(good) + 1):
+            lines = good[:at] + [bad] + good[at:]
+            assert _checksums_hold(lines) is False, (bad, at)
+    assert _checksums_hold([])

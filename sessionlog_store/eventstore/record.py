@@ -9,8 +9,10 @@ needs no re-encode. Every line stays a JSON object (the log is readable by
 """
 from __future__ import annotations
 
+import sys
 import time
 import zlib
+from array import array
 from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter, not_
@@ -136,7 +138,6 @@ def decode_record_for_meta(line: bytes) -> Record:
 # -- a whole log's lines at once (the replay path) -----------------------------
 
 _ENVELOPE_OF: Final = _ENVELOPE.decode
-_HEADER: Final = itemgetter(slice(0, _HEADER_LEN))
 _BODY: Final = itemgetter(slice(_HEADER_LEN, None))
 _SEQ: Final = attrgetter("seq")
 _TS: Final = attrgetter("ts")
@@ -190,9 +191,24 @@ def decode_lines(lines: list[bytes], *, meta_only: bool = False) -> list[Record]
 
 
 def _checksums_hold(lines: list[bytes]) -> bool:
-    """Each line's header as it must read: the checksum header of the CRC-32
-    of the rest of the line (in C: map over the lines, compared as lists)."""
-    return list(map(_HEADER, lines)) == list(map(b'{"crc":"%08x",'.__mod__, map(zlib.crc32, map(_BODY, lines))))
+    """Each line's header as it must read: `{"crc":"`, the CRC-32 of the rest
+    of the line in 8 lowercase hex digits, `",`. In C: the CRCs made one
+    string of hex (an array of big-endian uint32), compared with the lines'
+    hex digits joined (each exactly 8 bytes: a line shorter than its header
+    fails the `",` check), and the fixed parts compared as lists."""
+    crcs = array("I", map(zlib.crc32, map(_BODY, lines)))
+    if _LITTLE:
+        crcs.byteswap()
+    n = len(lines)
+    return (crcs.tobytes().hex().encode() == b"".join(map(_HEX, lines))
+            and list(map(_OPEN, lines)) == [_CRC_OPEN] * n and list(map(_CLOSE, lines)) == [b'",'] * n)
+
+
+_HEX: Final = itemgetter(slice(8, 16))
+_OPEN: Final = itemgetter(slice(0, 8))
+_CLOSE: Final = itemgetter(slice(16, 18))
+_LITTLE: Final = sys.byteorder == "little"
+assert array("I").itemsize == 4
 
 
 def _decode_for_meta(lines: list[bytes]) -> tuple[list[_TaggedEnvelope], list[bool], list[Event]] | None:
