@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated
+from sessionlog_store.eventstore.events import MessageCreated, MessageFinalized, SessionCreated, SessionFlags
 
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install 'sessionlog-store[nats]')")
@@ -33,6 +33,7 @@ async def test_a_dead_workers_reply_is_aborted_exactly_once(nats_cluster):
     async with opened(nats_cluster, "LEASE1") as a:
         la = await Leases.open(a, ttl=0.5, skew=0.1)
         await start_reply(a, "s1", "m1")
+        await a.append_many("s1", [SessionFlags(status="running")])
         await la.acquire("s1", "m1")
     # worker a is gone: no finalize, no release. Three sweepers race for its lease.
     await trio.sleep(1.0)
@@ -47,6 +48,8 @@ async def test_a_dead_workers_reply_is_aborted_exactly_once(nats_cluster):
         [fin] = finalizes(records, "m1")
         assert fin.status == "aborted" and fin.aborted_reason == "worker restart"
         assert done == [("s1", "m1")], "one sweeper finalized it"
+        # its session's last running reply: idle, and unread (news to its user, as any reply's end)
+        assert records[-1].event == SessionFlags(status="idle", unread=True), records[-2:]
         assert await sweepers[0].sweep() == [], "the lease is gone"
 
 
