@@ -93,6 +93,9 @@ def test_scan_seq_gap_is_corruption():
     gap = encode_record(1, 1.0, SessionRenamed(title="a")) + encode_record(3, 1.0, SessionRenamed(title="b"))
     s = scan("s", gap, expect_seq=1)
     assert s.corrupt is not None and "seq 3 where 2" in s.corrupt.reason
+    # without expect_seq: consecutive from the first, on the fast path as on the line-by-line one
+    s = scan("s", gap + encode_record(4, 1.0, SessionRenamed(title="c")))
+    assert s.corrupt is not None and "seq 3 where 2" in s.corrupt.reason
 
 
 def test_meta_only_decoding_checks_progress_records_without_reading_them():
@@ -174,13 +177,14 @@ def test_the_one_pass_decoder_never_reads_objects_across_lines():
     assert scan("s", data, expect_seq=1).records == []  # what the line-by-line path makes of it
 
 
-def test_scan_meta_agrees_with_scan_and_keeps_no_progress_record():
+def test_scan_meta_agrees_with_scan_and_keeps_no_progress_record(monkeypatch):
     """scan_meta (the registry's replay, issue 29) is scan(meta_only=True)
     without a Record a progress record: the same counts, ends, damage and
     first and last records, on good logs, torn ones, flipped ones, a seq gap
     and lines whose objects span lines (good checksums)."""
     import zlib
 
+    from sessionlog_store.eventstore import record
     from sessionlog_store.eventstore.record import PROGRESS_STANDIN, decode_lines, scan_meta
 
     def line(rest: bytes) -> bytes:
@@ -201,7 +205,9 @@ def test_scan_meta_agrees_with_scan_and_keeps_no_progress_record():
             if start != 1 and not data.startswith(encode_record(1, 1.0, SessionRenamed(title="t1"))):
                 continue
             cut = len(b"".join(data.splitlines(keepends=True)[:start - 1]))
-            s = scan("s", data[cut:], base_offset=cut, base_line=start - 1, expect_seq=start, meta_only=True)
+            with monkeypatch.context() as mp:  # the reference: scan's line-by-line path alone
+                mp.setattr(record, "decode_lines", lambda *a, **k: None)
+                s = scan("s", data[cut:], base_offset=cut, base_line=start - 1, expect_seq=start, meta_only=True)
             m = scan_meta("s", data[cut:], base_offset=cut, base_line=start - 1, expect_seq=start)
             assert m.records == [r for r in s.records if r.event is not PROGRESS_STANDIN], data
             assert not any(type(r.event) is MessageProgress or r.event is PROGRESS_STANDIN for r in m.records)

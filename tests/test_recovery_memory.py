@@ -89,3 +89,21 @@ async def test_a_recovery_returns_the_damaged_sessions_and_each_rows_mark(tmp_pa
             await store.append_message(ids[1], "refused")
     registry, damaged, _ = recover_registry(OS_FILES, root, use_checkpoint=False, repair=False)
     assert set(damaged) == {ids[1]} and registry.rows[ids[2]].message_count == 3
+
+
+def test_rows_that_sort_as_equals_are_each_taken_out_of_the_order() -> None:
+    """The order index finds a row by identity among rows that sort as
+    equals (the same updated_at and id, other fields not: a session folder
+    copied under another name; review of issue 29's SortedList)."""
+    from sessionlog_store.projections.registry import Registry
+    from sessionlog_store.projections.session import SessionMeta
+    reg = Registry()
+    a, b = SessionMeta(id="x", updated_at=1.0, title="a"), SessionMeta(id="x", updated_at=1.0, title="b")
+    reg.put(a, "s1")
+    reg.put(b, "s2")
+    reg.put(SessionMeta(id="y", updated_at=1.0), "s3")
+    reg.put(None, "s2")
+    assert [m.title for m in reg.select()[0]] == ["a", ""]
+    reg.put(None, "s1")
+    reg.put(None, "s3")
+    assert reg.select() == ([], 0)

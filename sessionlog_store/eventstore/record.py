@@ -254,8 +254,9 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
     last = len(lines) - 1  # lines[last] has no newline: empty, or an interrupted write
     # The common case, a log of good records: all of them in one decode pass.
     fast = decode_lines(lines[:last], meta_only=meta_only) if last else []
-    if fast is not None and (expect_seq is None
-                             or list(map(_SEQ, fast)) == list(range(expect_seq, expect_seq + len(fast)))):
+    # (seqs consecutive from expect_seq, or without it from the first one: as the line-by-line path checks)
+    first = expect_seq if expect_seq is not None else fast[0].seq if fast else 0
+    if fast is not None and list(map(_SEQ, fast)) == list(range(first, first + len(fast))):
         pos = len(data) - len(lines[last])
         return Scan(fast, base_offset + pos, len(data) - pos, None)
     records: list[Record] = []
@@ -310,7 +311,8 @@ def scan_meta(session_id: str, data: bytes, *, expect_seq: int, base_offset: int
             return MetaScan(records, len(heads), heads[0].ts if heads else 0.0, expect_seq + len(heads) - 1,
                             base_offset + pos, len(data) - pos, None)
     s = scan(session_id, data, base_offset=base_offset, base_line=base_line, expect_seq=expect_seq, meta_only=True)
-    return MetaScan([r for r in s.records if r.event is not PROGRESS_STANDIN], len(s.records),
+    return MetaScan([r for r in s.records if r.event is not PROGRESS_STANDIN and type(r.event) is not MessageProgress],
+                    len(s.records),
                     s.records[0].ts if s.records else 0.0, s.records[-1].seq if s.records else expect_seq - 1,
                     s.good_end, s.torn_bytes, s.corrupt)
 

@@ -64,7 +64,7 @@ class Registry:
         """Set (or with None, drop) a session's row."""
         old = self.rows.get(session_id)
         if old is not None:
-            self._order.remove(old)
+            self._unorder(old)
             self._disown(old)
         if meta is None:
             self.rows.pop(session_id, None)
@@ -95,7 +95,7 @@ class Registry:
             return
         mark.meta_seq = record.seq
         if old is not None:
-            self._order.remove(old)
+            self._unorder(old)
             self._disown(old)
         if new is None:
             del self.rows[session_id]
@@ -103,6 +103,16 @@ class Registry:
         self.rows[session_id] = new
         self._order.add(new)
         self._own(new)
+
+    def _unorder(self, meta: SessionMeta) -> None:
+        """Take a row out of the order index: that very object (rows that sort
+        as equals, the same time and id, can differ in other fields: a
+        session folder copied under another name and migrated)."""
+        order = self._order
+        i = order.bisect_left(meta)
+        while order[i] is not meta:
+            i += 1
+        del order[i]
 
     def _own(self, meta: SessionMeta) -> None:
         self.owned[meta.owner] += 1
