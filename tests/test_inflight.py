@@ -7,7 +7,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessionlog_store.eventstore.events import MessageFinalized, MessageProgress
+from sessionlog_store.eventstore.events import MessageProgress
 from sessionlog_store.eventstore.local.log import log_path
 from sessionlog_store.eventstore.record import scan
 from sessionlog_store.projections.lifecycle import MESSAGE_TRANSITIONS, IllegalTransition, can_move

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import signal
 import subprocess
 import sys

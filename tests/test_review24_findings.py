@@ -97,7 +97,7 @@ trio.run(main)
 """
 
 
-def test_before_linux_5_8_the_round_hears_a_writeback_error_of_a_log_whose_descriptor_was_closed(failing_disk):
+def test_before_linux_5_8_the_round_hears_a_writeback_error_of_a_log_whose_descriptor_was_closed(failing_disk):  # noqa: F811 (the imported fixture)
     """Finding 2. Where syncfs reports no errors (SYNCFS_REPORTS_ERRORS False,
     emulated here on a newer kernel), the round fdatasyncs each written log
     through a descriptor it opens *after* the writes (commit.py

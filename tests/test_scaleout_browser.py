@@ -29,7 +29,7 @@ LB_CONF = NGINX_HEAD + """  upstream workers {{
 """
 
 
-def test_the_page_moves_to_another_worker_when_its_own_is_killed(nats_cluster, tmp_path: Path, browser):
+def test_the_page_moves_to_another_worker_when_its_own_is_killed(nats_cluster, tmp_path: Path, browser):  # noqa: F811 (the imported fixture)
     port, one_port, two_port = free_port(), free_port(), free_port()
     extra = ("--public-url", f"http://localhost:{port}", "--forwarded-allow-ips", "127.0.0.1", "--agent-speed", "12")
     one = Worker(nats_cluster, tmp_path / "w1", one_port, "SBROWSER", *extra)

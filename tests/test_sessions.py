@@ -94,7 +94,6 @@ async def test_registry_checkpoint_is_debounced_and_flushed_on_shutdown(root, mo
     # Virtual time that jumps only after real idleness, so fsyncs in worker
     # threads finish before the clock moves on.
     mock_clock.autojump_threshold = 0.05
-    import msgspec
     from sessionlog_store.projections.checkpoint import IndexCheckpoint
 
     def on_disk(sid: str) -> str | None:

@@ -207,7 +207,7 @@ async def test_an_admins_read_of_another_users_session_follows_nothing_unlogged(
         with trio.fail_after(30):
             assert await carol.wait_done(sid, reply) == "done"
         lines = audited(f"message {reply}")
-        assert len(lines) == 2 and lines[0].endswith(f"of user 'alice'") and lines[1].endswith("ended"), lines
+        assert len(lines) == 2 and lines[0].endswith("of user 'alice'") and lines[1].endswith("ended"), lines
         await carol.request("subscribe_msg", session_id=sid, msg_id=second["reply_id"], offset=0)  # ended already
         assert [line.endswith("ended") for line in audited(f"message {second['reply_id']}")] == [False, True]
     # the admin's own sessions are watched as anyone's
