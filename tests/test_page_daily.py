@@ -210,10 +210,12 @@ def test_focus_stays_after_switching_branches_and_renaming(serve, api, browser, 
     page.locator('.branches [data-key="prev"]').focus()
     page.keyboard.press("Enter")  # to version 1: its "previous" is disabled, the focus goes to "next"
     page.wait_for_function("document.querySelector('.branch-pos')?.innerText === '1/2'")
-    assert focused(page) == "key:next"
+    # (the switch's answer can be drawn, by the session's push, before the
+    # page has reloaded the chat and put the focus back: wait for the focus)
+    wait_for(lambda: focused(page) == "key:next", "the focus on › after the switch")
     page.keyboard.press("Enter")  # and back to version 2
     page.wait_for_function("document.querySelector('.branch-pos')?.innerText === '2/2'")
-    assert focused(page) == "key:prev"
+    wait_for(lambda: focused(page) == "key:prev", "the focus on ‹ after the switch")
     page.click("#more")
     page.click("#act-rename")
     page.keyboard.type("A title of my own")
