@@ -681,11 +681,18 @@ def test_a_long_list_is_drawn_a_page_at_a_time_grouped_by_day_with_undo_for_arch
         wait_for(lambda: api.http.get(f"/v1/sessions/{ids[5]}").status_code == 404, "deleted as its toast ended")
         page.click("#toast .undo")
     # Back to the deleted chat: said so, and a new chat rather than another's messages
+    # (seen when said: the words go after 6 s, and a loaded machine once took longer to look)
+    page.evaluate("""() => { window.sawGone = false; const e = document.querySelector('#error');
+        new MutationObserver(() => { if (e.innerText.includes('no longer exists')) window.sawGone = true; })
+          .observe(e, {childList: true, characterData: true, subtree: true}); }""")
     if size == "phone":  # (its history: the deleted chat, the new chat it left for, the chat opened since)
         page.go_back()
         page.wait_for_function("window.sessionlog.current === null")
     page.go_back()
-    page.wait_for_function("document.querySelector('#error').innerText.includes('no longer exists')")
+    try:
+        page.wait_for_function("window.sawGone")
+    except Exception as e:
+        raise AssertionError(f"not said: {page.url}, current {page.evaluate('window.sessionlog.current')}") from e
     assert page.evaluate("window.sessionlog.current") is None
     # a second toast ends the first: the delete it held goes at once (its Undo went with it)
     row_click(page, size, ids[6])
