@@ -13,7 +13,7 @@ import sys
 import time
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter, not_
 from typing import Any, Final, NamedTuple
@@ -252,20 +252,26 @@ def scan(session_id: str, data: bytes, *, base_offset: int = 0, base_line: int =
     decode = decode_record_for_meta if meta_only else decode_record
     lines = data.split(b"\n")
     last = len(lines) - 1  # lines[last] has no newline: empty, or an interrupted write
-    # The common case, a log of good records: all of them in one decode pass.
+    # The common case, a log of good records: all of them decoded without a Python loop a line.
     fast = decode_lines(lines[:last], meta_only=meta_only) if last else []
     # (seqs consecutive from expect_seq, or without it from the first one: as the line-by-line path checks)
     first = expect_seq if expect_seq is not None else fast[0].seq if fast else 0
     if fast is not None and list(map(_SEQ, fast)) == list(range(first, first + len(fast))):
         pos = len(data) - len(lines[last])
         return Scan(fast, base_offset + pos, len(data) - pos, None)
+    return _scan_by_line(session_id, data, lines[:last], decode, base_offset, base_line, expect_seq)
+
+
+def _scan_by_line(session_id: str, data: bytes, lines: list[bytes], decode: Callable[[bytes], Record],
+                  base_offset: int, base_line: int, expect_seq: int | None) -> Scan:
+    """scan's path for a log the fast path cannot vouch for: a line at a
+    time, to find and report the first damaged record (`lines`: data's
+    lines that end with a newline)."""
     records: list[Record] = []
     append = records.append
     pos = 0
     line_no = base_line
-    for i, line in enumerate(lines):
-        if i == last:
-            break
+    for line in lines:
         line_no += 1
         try:
             rec = decode(line)
@@ -310,7 +316,8 @@ def scan_meta(session_id: str, data: bytes, *, expect_seq: int, base_offset: int
             pos = len(data) - len(tail)
             return MetaScan(records, len(heads), heads[0].ts if heads else 0.0, expect_seq + len(heads) - 1,
                             base_offset + pos, len(data) - pos, None)
-    s = scan(session_id, data, base_offset=base_offset, base_line=base_line, expect_seq=expect_seq, meta_only=True)
+    # (damage, or a seq out of order: found and reported line by line, without the fast path again)
+    s = _scan_by_line(session_id, data, lines, decode_record_for_meta, base_offset, base_line, expect_seq)
     return MetaScan([r for r in s.records if r.event is not PROGRESS_STANDIN and type(r.event) is not MessageProgress],
                     len(s.records),
                     s.records[0].ts if s.records else 0.0, s.records[-1].seq if s.records else expect_seq - 1,
