@@ -713,6 +713,13 @@ def test_a_long_list_is_drawn_a_page_at_a_time_grouped_by_day_with_undo_for_arch
         page.click("#act-archive")
         page.wait_for_selector(f'#sessions li[data-id="{ids[8]}"]', state="detached")
         assert focused(page).startswith("row:"), focused(page)
+    # the open chat deleted elsewhere (another tab, the API): said so, and a new chat
+    row_click(page, size, ids[10])
+    page.evaluate("window.sawGone = false")
+    api.http.delete(f"/v1/sessions/{ids[10]}")
+    page.wait_for_function("window.sawGone")
+    assert page.evaluate("window.sessionlog.current") is None
+    assert "#s=" not in page.url
     assert not page.errors
 
 

@@ -358,8 +358,8 @@ function onFrame(f) {
       if (f.data.id === state.current) { renderHeader(); seen(); }
       if ("status" in f.data) refreshRunning();
       return;
-    case "session_deleted":
-      if (f.data.session_id === state.current) openDraft();
+    case "session_deleted":  // the open chat deleted elsewhere (another tab, the API): say so
+      if (f.data.session_id === state.current) { showError("That chat no longer exists."); openDraft(); }
       refreshRunning();
       return;
     case "head_moved":  // another tab switched branches: show the same branch here

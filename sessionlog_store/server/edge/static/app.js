@@ -741,7 +741,10 @@ ${had}` : text);
         if ("status" in f.data) refreshRunning();
         return;
       case "session_deleted":
-        if (f.data.session_id === state.current) openDraft();
+        if (f.data.session_id === state.current) {
+          showError("That chat no longer exists.");
+          openDraft();
+        }
         refreshRunning();
         return;
       case "head_moved":
