@@ -245,3 +245,21 @@ def test_the_checksum_check_of_many_lines_is_each_lines_exactly():
             lines = good[:at] + [bad] + good[at:]
             assert _checksums_hold(lines) is False, (bad, at)
     assert _checksums_hold([])
+
+
+def test_the_checksum_is_zlibs_crc32_made_by_isa_l():
+    """Logs written with ISA-L's CRC are read with zlib's and back (the same
+    values); ISA-L is a dependency, so a store here uses it, not the fallback."""
+    import os
+    import zlib
+
+    from isal import isal_zlib
+
+    from sessionlog_store.eventstore.checksum import crc32
+    assert crc32 is isal_zlib.crc32
+    for n in (0, 1, 7, 64, 222, 4096, 100_000):
+        data = os.urandom(n)
+        assert crc32(data) == zlib.crc32(data)
+        assert crc32(memoryview(data)[n // 3:]) == zlib.crc32(data[n // 3:])
+    line = encode_record(3, 1.5, SessionRenamed(title="x"))
+    assert int(line[8:16], 16) == zlib.crc32(line[18:-1])

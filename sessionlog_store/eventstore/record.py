@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from itertools import compress, repeat
@@ -20,6 +19,7 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
+from .checksum import crc32
 from .errors import CorruptRecord, RecordTooLarge
 from .events import EVENT_DECODER, EVENT_ENCODER, Event, MessageProgress, MessageProgressQ, MessageProgressV1, on_disk
 
@@ -62,7 +62,7 @@ def encode_line(seq: int, ts_repr: bytes, event: Event) -> bytes:
     encoding)."""
     body = EVENT_ENCODER.encode(on_disk(event) if type(event) is MessageProgress else event)
     rest = b'"seq":%d,"ts":%s,%s' % (seq, ts_repr, body[1:])
-    line = b'{"crc":"%08x",%s\n' % (zlib.crc32(rest), rest)
+    line = b'{"crc":"%08x",%s\n' % (crc32(rest), rest)
     if len(line) > MAX_RECORD_BYTES:
         raise RecordTooLarge(f"record of {len(line)} bytes is over the {MAX_RECORD_BYTES}-byte limit")
     return line
@@ -83,7 +83,7 @@ def _checked_envelope(line: bytes) -> _Envelope:
         crc = int(line[8:16], 16)
     except ValueError:
         raise RecordError("checksum is not hex") from None
-    if zlib.crc32(memoryview(line)[_HEADER_LEN:]) != crc:
+    if crc32(memoryview(line)[_HEADER_LEN:]) != crc:
         raise RecordError("checksum mismatch")
     try:
         return _ENVELOPE.decode(line)
@@ -196,7 +196,7 @@ def _checksums_hold(lines: list[bytes]) -> bool:
     string of hex (an array of big-endian uint32), compared with the lines'
     hex digits joined (each exactly 8 bytes: a line shorter than its header
     fails the `",` check), and the fixed parts compared as lists."""
-    crcs = array("I", map(zlib.crc32, map(_BODY, lines)))
+    crcs = array("I", map(crc32, map(_BODY, lines)))
     if _LITTLE:
         crcs.byteswap()
     n = len(lines)

@@ -2,9 +2,9 @@
 server/migrate.py): its records keep their seqs and times."""
 from __future__ import annotations
 
-import zlib
 from typing import TYPE_CHECKING, Final
 
+from ..checksum import crc32
 from ..errors import SessionExists
 from ..record import scan
 from .natsio import WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered
@@ -40,7 +40,7 @@ async def import_log(log: JetStreamLog, session_id: str, data: bytes, *, after: 
         cut = data.rfind(b"\n", start, start + IMPORT_CHUNK) + 1 or data.index(b"\n", start) + 1
         chunks.append((start, data[start:cut]))
         start = cut
-    tag = f"{zlib.crc32(data):08x}"
+    tag = f"{crc32(data):08x}"
 
     async def put(fence: int) -> int:
         for offset, chunk in chunks:

@@ -88,12 +88,12 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 import msgspec
 
+from ..checksum import crc32
 from ..errors import JournalUnapplied
 from ..events import SessionDeleted
 from .fsio import SYNCFS_REPORTS_ERRORS, FileOps
@@ -126,7 +126,7 @@ def segment_name(first_batch: int) -> str:
 
 def encode_frame(batch_no: int, entries: list[Entry]) -> bytes:
     payload = _encode(entries)
-    return _HEADER.pack(_MAGIC, batch_no, len(payload), zlib.crc32(payload)) + payload
+    return _HEADER.pack(_MAGIC, batch_no, len(payload), crc32(payload)) + payload
 
 
 def birth(session_id: str) -> Entry:
@@ -136,7 +136,7 @@ def birth(session_id: str) -> Entry:
 def born_of(first_line: bytes) -> int:
     """What tells a log from an earlier one of the same id: the CRC-32 of its
     first line (newline included), which holds its creation time."""
-    return zlib.crc32(first_line)
+    return crc32(first_line)
 
 
 def log_born(fs: FileOps, path: str) -> int | None:
@@ -170,7 +170,7 @@ def decode_frames(data: bytes, first_batch: int) -> tuple[list[tuple[int, list[E
         body = data[pos + size: pos + size + length]
         if len(body) < length:
             return frames, pos, "a torn frame"
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             return frames, pos, "a frame with a bad checksum"
         try:
             entries = _decode(body)
@@ -384,7 +384,7 @@ def _good_frame_after(data: bytes, end: int, want: int) -> bool:
             _, no, length, crc = _HEADER.unpack_from(data, pos)
             body = pos + _HEADER.size
             if (want <= no <= most and body + length <= len(data)
-                    and zlib.crc32(view[body: body + length]) == crc):
+                    and crc32(view[body: body + length]) == crc):
                 return True
         pos = data.find(_MAGIC, pos + 1)
     return False
