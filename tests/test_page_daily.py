@@ -208,11 +208,16 @@ def test_focus_stays_after_switching_branches_and_renaming(serve, api, browser, 
     page.wait_for_selector(".branches", timeout=60_000)
     page.wait_for_selector(".msg.assistant.done", timeout=60_000)
     page.locator('.branches [data-key="prev"]').focus()
+    # the focus is never left on the page's body while the new branch is drawn (once by the
+    # session's push, once by the reload): what has it is looked at after each change of the list
+    page.evaluate("""() => { window.focusLostAt = []; const box = document.querySelector('#messages');
+        new MutationObserver(() => { if (document.activeElement === document.body)
+            window.focusLostAt.push(document.querySelector('.branch-pos')?.innerText); })
+          .observe(box, {childList: true, subtree: true}); }""")
     page.keyboard.press("Enter")  # to version 1: its "previous" is disabled, the focus goes to "next"
     page.wait_for_function("document.querySelector('.branch-pos')?.innerText === '1/2'")
-    # (the switch's answer can be drawn, by the session's push, before the
-    # page has reloaded the chat and put the focus back: wait for the focus)
     wait_for(lambda: focused(page) == "key:next", "the focus on › after the switch")
+    assert page.evaluate("window.focusLostAt") == [], "the focus went to the body while the branch was drawn"
     page.keyboard.press("Enter")  # and back to version 2
     page.wait_for_function("document.querySelector('.branch-pos')?.innerText === '2/2'")
     wait_for(lambda: focused(page) == "key:prev", "the focus on ‹ after the switch")

@@ -77,6 +77,7 @@ const state = {
   renameFor: null,            // the session a rename field is open for
   renameFrom: null,           // what had the focus when the rename opened (it gets it back)
   rowFocus: null,             // the chat row last focused (the list's one Tab stop)
+  refocus: null,              // a branch switch under way: {msgId, key} of the control to focus when drawn
   parsed: 0,                  // characters of Markdown parsed so far
 };
 window.sessionlog = state;    // for tests and the curious
@@ -822,6 +823,7 @@ function renderMessages() {
     for (const n of have) if (!want.includes(n)) n.remove();
     want.forEach((n, i) => { if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null); });
   });
+  if (state.refocus && focusLost()) focusControl(state.refocus.msgId, state.refocus.key);
 }
 
 // A tool call or an agentic function in one line, as people say it.
@@ -1027,10 +1029,15 @@ async function retry(msgId) {
 }
 
 async function switchBranch(msgId, key) {
+  // (the session's push may draw the new branch before the reload below: its
+  // drawing puts the focus back at once, not a round trip later)
+  state.refocus = key ? { msgId, key } : null;
   const r = await act("switch_branch", { msg_id: msgId });
   if (r) await openSession(state.current, { keep: true });
-  if (key && !focusControl(msgId, key)) $("input").focus();  // the button pressed went with its branch
+  state.refocus = null;
+  if (key && !focusControl(msgId, key) && focusLost()) $("input").focus();  // the button pressed went with its branch
 }
+function focusLost() { return !document.activeElement || document.activeElement === document.body; }
 
 async function send(text) {
   if (!state.online) {  // queued for the chat it was written in (or taken back): it goes when the connection is

@@ -425,6 +425,8 @@
     // what had the focus when the rename opened (it gets it back)
     rowFocus: null,
     // the chat row last focused (the list's one Tab stop)
+    refocus: null,
+    // a branch switch under way: {msgId, key} of the control to focus when drawn
     parsed: 0
     // characters of Markdown parsed so far
   };
@@ -1269,6 +1271,7 @@ ${had}` : text);
         if (box.children[i] !== n) box.insertBefore(n, box.children[i] || null);
       });
     });
+    if (state.refocus && focusLost()) focusControl(state.refocus.msgId, state.refocus.key);
   }
   function blockLabel(m) {
     const open = isOpen(m);
@@ -1499,9 +1502,14 @@ ${had}` : text);
     if (r) await openSession(state.current, { keep: true });
   }
   async function switchBranch(msgId, key) {
+    state.refocus = key ? { msgId, key } : null;
     const r = await act("switch_branch", { msg_id: msgId });
     if (r) await openSession(state.current, { keep: true });
-    if (key && !focusControl(msgId, key)) $("input").focus();
+    state.refocus = null;
+    if (key && !focusControl(msgId, key) && focusLost()) $("input").focus();
+  }
+  function focusLost() {
+    return !document.activeElement || document.activeElement === document.body;
   }
   async function send(text) {
     if (!state.online) {
