@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -48,6 +50,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_for(cond: Callable[[], object], what: str, within: float = 30.0) -> None:
+    """Until `cond()` holds (a state another process reaches), or fail saying `what`."""
+    deadline = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 class ServeProcess:
     """`sessionlog serve` in a process of its own, started until it serves."""
 
@@ -81,6 +91,14 @@ class ServeProcess:
             if "serving http://" in line:
                 return
         raise AssertionError("server did not start")
+
+    def http(self) -> Any:
+        """A client of its HTTP API as its user (the bearer token); no kept
+        connections, so it goes on across a kill and a start."""
+        import httpx
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}{self.prefix}", timeout=30,
+                            headers={"Authorization": f"Bearer {self.token}"},
+                            limits=httpx.Limits(max_keepalive_connections=0))
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -321,29 +321,20 @@ def test_a_reply_cut_short_by_a_sigkill_leaves_its_session_unread_after_the_rest
     """The start's sweep ends it `aborted` "worker restart" and the session
     idle: that is news to its user, as any reply's end (the JetStream lease
     sweep says the same)."""
-    import time
-
-    import httpx
-
-    from .processes import ServeProcess, free_port
+    from .processes import ServeProcess, free_port, wait_for
     s = ServeProcess(str(tmp_path / "store"), free_port(), speed=5.0)
     s.start()
     try:
-        h = {"Authorization": f"Bearer {s.token}"}
-        base = f"http://127.0.0.1:{s.port}"
-        ack = httpx.post(f"{base}/v1/chat", json={"content": "a slow reply"}, headers=h, timeout=30).json()
-        sid = ack["session_id"]
-        httpx.patch(f"{base}/v1/sessions/{sid}", json={"unread": False}, headers=h, timeout=30)
-        row = httpx.get(f"{base}/v1/sessions/{sid}", headers=h, timeout=30).json()["session"]
+        api = s.http()
+        sid = api.post("/v1/chat", json={"content": "a slow reply"}).json()["session_id"]
+        api.patch(f"/v1/sessions/{sid}", json={"unread": False})
+        row = api.get(f"/v1/sessions/{sid}").json()["session"]
         assert row["status"] == "running" and row["unread"] is False  # (its placeholder is durable at the answer)
         s.kill()
         s.start()
-        deadline = time.monotonic() + 30
-        while True:  # (the start's sweep runs before it serves: the first answer has it)
-            row = httpx.get(f"{base}/v1/sessions/{sid}", headers=h, timeout=30).json()["session"]
-            if row["status"] == "idle" or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        # (the start's sweep runs before it serves: the first answer has it)
+        wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["session"]["status"] == "idle", "the session idle")
+        row = api.get(f"/v1/sessions/{sid}").json()["session"]
         assert row["status"] == "idle" and row["unread"] is True
     finally:
         s.stop()

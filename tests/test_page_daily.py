@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .processes import ServeProcess, free_port
+from .processes import ServeProcess, free_port, wait_for
 from . import test_browser
 from .test_browser import axe_violations, open_page, phone_page, shot
 
@@ -375,15 +375,6 @@ def after_a_reload(page, rid: str) -> dict[str, object]:  # type: ignore[no-unty
                 messages: document.querySelectorAll("[data-msg]").length,
                 rows: document.querySelectorAll("li[data-id]").length};
     }""", rid)}
-
-
-def wait_for(cond, what: str, within: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    """Until `cond()` holds (a state another process reaches), or fail saying `what`."""
-    import time
-    deadline = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 # -- 3. The phone: Enter is a new line on touch, one "⋯" menu, room with the keyboard up, 44 px targets --

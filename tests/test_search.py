@@ -7,9 +7,8 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
+from typing import Any
 
-import httpx
 import trio
 
 from sessionlog_store.eventstore.events import (
@@ -25,7 +24,7 @@ from sessionlog_store.server.local.search import FILE
 from sessionlog_store.server.stores import open_session_store
 
 from .httpc import HttpClient
-from .processes import ROOT, ServeProcess, free_port
+from .processes import ROOT, ServeProcess, free_port, wait_for
 from .test_users import TOKENS, start_users, user
 
 
@@ -141,27 +140,20 @@ def test_a_reply_finished_before_a_sigkill_is_found_after_the_restart(tmp_path):
     s = ServeProcess(str(tmp_path / "store"), free_port(), speed=0.0)
     s.start()
     try:
-        h = {"Authorization": f"Bearer {s.token}"}
-        base = f"http://127.0.0.1:{s.port}"
-        ack = httpx.post(f"{base}/v1/chat", json={"content": "tell me about replay"}, headers=h, timeout=30).json()
-        deadline = time.monotonic() + 60
-        while True:  # the reply is finished (and durable) when its status says so
-            m = httpx.get(f"{base}/v1/sessions/{ack['session_id']}", headers=h, timeout=30).json()["messages"]
-            if any(x["msg_id"] == ack["reply_id"] and x["status"] == "done" for x in m):
-                break
-            assert time.monotonic() < deadline, m
-            time.sleep(0.02)
-        reply = next(x["content"] for x in m if x["msg_id"] == ack["reply_id"])
+        api = s.http()
+        ack = api.post("/v1/chat", json={"content": "tell me about replay"}).json()
+
+        def reply() -> dict[str, Any] | None:
+            m = api.get(f"/v1/sessions/{ack['session_id']}").json()["messages"]
+            return next((x for x in m if x["msg_id"] == ack["reply_id"] and x["status"] == "done"), None)
+        wait_for(lambda: reply() is not None, "the reply finished (and durable)", within=60)
+        content = reply()["content"]
         s.kill()  # the index may not have its last batch: the start catches up
         s.start()
-        word = max(reply.replace("*", " ").split(), key=len)
-        deadline = time.monotonic() + 60
-        while True:  # (`indexing`: the start's catch-up is still running)
-            got = httpx.get(f"{base}/v1/search", params={"q": word}, headers=h, timeout=30).json()
-            if not got["indexing"]:
-                break
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        word = max(content.replace("*", " ").split(), key=len)
+        # (`indexing`: the start's catch-up is still running)
+        wait_for(lambda: not api.get("/v1/search", params={"q": word}).json()["indexing"], "caught up", within=60)
+        got = api.get("/v1/search", params={"q": word}).json()
         assert ack["reply_id"] in [x["msg_id"] for x in got["hits"]], (word, got)
     finally:
         s.stop()
