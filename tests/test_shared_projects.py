@@ -73,3 +73,62 @@ async def test_two_workers_making_one_folder_a_project_at_once_make_one(nats_clu
             assert refused[0].code == "path_in_use"
             await until(lambda: all(len([p for p in w.list_projects("ann") if p.path == path]) == 1 for w in (a, b)))
         assert a.projects.log.seq == b.projects.log.seq == 5
+
+
+async def test_a_refused_project_write_ends_once_the_write_that_refused_it_can_be_read(tmp_path):
+    """The stream leader's two followers paused: one worker's project write
+    waits for a quorum, and the other's, fenced on the same subject, is
+    refused at once (10164) though nothing newer can be read yet. The
+    refused append ends (ProjectsMoved) only once the first write can be
+    read, so catching up finds it. It used to end at once: the registry
+    caught up with nothing, was refused again, and ran out of its tries in
+    milliseconds while a busy cluster replicated the other write (seen in
+    a CI run of the test above)."""
+    import signal
+
+    from sessionlog_store.eventstore.errors import ProjectsMoved
+    from sessionlog_store.eventstore.events import ProjectCreated
+    from sessionlog_store.eventstore.jetstream.projects import StreamProjectLog
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
+
+    from .nats_cluster import NatsCluster
+    from .test_workers import until
+    (tmp_path / "nats").mkdir()
+    with NatsCluster(tmp_path / "nats") as cluster:
+        kw: dict[str, Any] = dict(stream="PJ3", prefix="pj3", replicas=3)
+        async with open_jetstream_log(cluster.urls, **kw) as boot:
+            info = await boot.bridge.run(lambda: boot.js.stream_info("PJ3"))
+        leader = int(info.cluster.leader.removeprefix("n"))
+        followers = [cluster.procs[i] for i in range(3) if i != leader]
+        at_leader = [cluster.urls[leader]]  # (a paused node's clients would wait with it)
+        async with open_jetstream_log(at_leader, **kw) as a, open_jetstream_log(at_leader, **kw) as b:
+            logs = [StreamProjectLog(a), StreamProjectLog(b)]
+            told: dict[StreamProjectLog, list[str]] = {}
+            for log in logs:  # (as the registry listens: server/domain/projects.py)
+                told[log] = []
+                log.listeners.append(lambda records, log=log: told[log].extend(
+                    r.event.project_id for r in records))  # type: ignore[attr-defined]
+                assert await log.catch_up() == []
+            made: list[str] = []
+            caught_up: list[list[str]] = []
+
+            async def make(log: StreamProjectLog, pid: str) -> None:
+                try:
+                    await log.append(ProjectCreated(project_id=pid, name=pid, path="/srv/one", owner="ann"))
+                    made.append(pid)
+                except ProjectsMoved:  # what the registry has then: what it was told, and its catch-up
+                    caught_up.append(told[log] + [r.event.project_id for r in await log.catch_up()])  # type: ignore[attr-defined]
+            try:
+                for p in followers:
+                    os.kill(p.pid, signal.SIGSTOP)
+                async with trio.open_nursery() as n:
+                    n.start_soon(make, logs[0], "p-a")
+                    n.start_soon(make, logs[1], "p-b")
+                    await until(lambda: logs[0].refused + logs[1].refused >= 1)  # the second write refused
+                    assert made == [] and caught_up == [], "nothing can be made or read without a quorum"
+                    for p in followers:
+                        os.kill(p.pid, signal.SIGCONT)
+            finally:
+                for p in followers:
+                    os.kill(p.pid, signal.SIGCONT)
+            assert len(made) == 1 and caught_up == [made], (made, caught_up)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import trio
+
 from ..errors import CorruptRecord, ProjectsMoved, TornTail
 from ..events import Event
 from ..record import scan
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from .streamlog import JetStreamLog
 
 PROJECTS: Final = "_projects"  # the subject's last token
+MOVED_POLL: Final = 0.05  # s between reads while a refusal's cause is not readable yet
 
 
 class StreamProjectLog:
@@ -42,6 +45,8 @@ class StreamProjectLog:
         # taken before the earlier ones the read brings).
         self._reading = 0
         self._held: list[tuple[bytes, int]] = []
+        self._moved = trio.Event()  # set (and replaced) as this log learns of a newer message
+        self.refused = 0  # appends the fence refused (a metric; tests wait on it)
         log.subject_listeners[PROJECTS] = self._take
 
     async def catch_up(self) -> list[Record]:
@@ -64,19 +69,52 @@ class StreamProjectLog:
         if stream_seq <= self.stream_seq:
             return []
         self.stream_seq = stream_seq
+        self._moved.set()
+        self._moved = trio.Event()
         records = [r for r in scan("projects", data).records if r.seq > self.seq]
         if records:
             self.seq = records[-1].seq
         return records
 
     async def append(self, event: Event) -> Record:
-        """Durable on return; ProjectsMoved if another worker appended first."""
+        """Durable on return; ProjectsMoved if another worker appended first,
+        once what it appended can be read (catch_up brings it)."""
         self.log.check_open()
         rec = Record(self.seq + 1, time.time(), event)
         line = encode_record(rec.seq, rec.ts, event)
-        ack = await self._publish(line, f"{PROJECTS}:{self.log.worker}:{rec.seq}:{self.stream_seq}", self.stream_seq)
+        fence = self.stream_seq
+        try:
+            ack = await self._publish(line, f"{PROJECTS}:{self.log.worker}:{rec.seq}:{fence}", fence)
+        except ProjectsMoved:
+            await self._until_past(fence)
+            raise
         self.seq, self.stream_seq = rec.seq, max(self.stream_seq, ack.seq)
         return rec
+
+    async def _until_past(self, fence: int) -> None:
+        """Until the subject holds a message past `fence`. The fence can
+        refuse a write before the write that caused it can be read: another
+        worker's, still being replicated (error 10164, answered at once);
+        caught up at once, the retry was refused again, and a worker ran
+        through its tries in milliseconds while a busy cluster replicated
+        the other's (the CI's failure). Looked for on the tail and by a read,
+        within the log's retry time (then the caller catches up, as before)."""
+        from nats.js.errors import NotFoundError
+        self.refused += 1
+        js, stream, subject = self.log.js, self.log.stream, self.subject
+
+        async def readable() -> bool:  # (on the asyncio loop)
+            try:
+                await js.get_msg(stream, seq=fence + 1, subject=subject, next=True)
+            except NotFoundError:
+                return False
+            return True
+        deadline = trio.current_time() + self.log.retry_for
+        while self.stream_seq <= fence and trio.current_time() < deadline:
+            if await self.log.bridge.run(readable):
+                return
+            with trio.move_on_after(MOVED_POLL):  # (the tail's word, or a read again)
+                await self._moved.wait()
 
     async def _publish(self, data: bytes, msg_id: str, fence: int) -> Any:
         """One message, fenced on `fence`, sent again while unanswered (its
