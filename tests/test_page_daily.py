@@ -235,9 +235,11 @@ def test_focus_stays_after_switching_branches_and_renaming(serve, api, browser, 
 def long_markdown(size: int = 50_000) -> str:
     """Markdown as long replies have it, with every block kind whose split
     could change how it renders (loose lists, fences with blank lines in
-    them, indented code, a list item's indented paragraph, tables, quotes)."""
+    them, indented code, a list item's indented paragraph, tables, quotes,
+    link reference definitions before and after their use)."""
     parts = [
         "# A long answer\n\nIntro with **bold**, `code` and a link https://example.com/x.\n\n",
+        "See [the docs][docs] and [what comes later][later].\n\n[docs]: https://example.com/docs\n\n",
         "1. first step\n\n2. second step, loose\n\n   its indented paragraph\n\n3. third\n\n",
         "- a\n- b\n\n  continued b\n\n- c\n\nA paragraph after the list.\n\n",
         "```python\ndef f():\n\n    return 1\n\n\nprint(f())\n```\n\n",
@@ -245,6 +247,7 @@ def long_markdown(size: int = 50_000) -> str:
         "    indented code\n\n    more of it\n\nText again.\n\n",
         "| col | other |\n| :-- | --: |\n| 1 | 2 |\n| 3 | 4 |\n\n",
         "> a quote\n> over lines\n\n> another quote\n\n---\n\nSetext heading\n--------------\n\n",
+        '[later]: https://example.com/later "Later"\n\n',
     ]
     out, i = [], 0
     while sum(map(len, out)) < size:

@@ -175,10 +175,11 @@ function plainText(text) {
 }
 state.plainText = plainText;
 
-function markdownBlocks(text) {
+// `env.references`: link reference definitions known before `text` (it adds its own).
+function markdownBlocks(text, env = {}) {
   if (!text) return [];
   state.parsed += text.length;  // (what the page has parsed: a test checks it grows with the text, not per frame)
-  const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+  const frag = DOMPurify.sanitize(md.render(text, env), PURIFY);
   // task lists: "[ ]" / "[x]" opening an item is a checkbox (made here, after the sanitizer)
   for (const li of frag.querySelectorAll("li")) {
     const first = li.firstChild?.nodeName === "P" ? li.firstChild.firstChild : li.firstChild;
@@ -210,12 +211,27 @@ function markdownBlocks(text) {
 // up to a safe cut (below) is parsed once, its blocks kept, and each frame
 // parses and sanitises the unfinished tail. A 50 KB reply costs a frame
 // what its last paragraph costs, not what the whole reply does.
-function renderMarkdownInto(box, text) {
-  let done = box._md;  // {src, count}: the finished text and its first `count` child nodes
-  if (!done || !text.startsWith(done.src) || box.childNodes.length < done.count) done = { src: "", count: 0 };
+//
+// A link reference definition counts for the whole text, wherever it is
+// (`[docs]: https://...` under the paragraph that says `[the docs][docs]`):
+// each part is parsed knowing the definitions before it, and a definition
+// the drawn blocks did not know draws them all again, once, knowing it.
+function renderMarkdownInto(box, text, refs = null) {
+  let done = box._md;  // {src, count, refs}: the finished text, its first `count` child nodes, the definitions they knew
+  if (!done || !text.startsWith(done.src) || box.childNodes.length < done.count || refs) {
+    done = { src: "", count: 0, refs: refs || {} };
+  }
   const cut = safeCut(text, done.src.length);
-  const finished = markdownBlocks(text.slice(done.src.length, cut));
-  const fresh = [...finished, ...markdownBlocks(text.slice(cut))];
+  const env = { references: { ...done.refs } };
+  const finished = markdownBlocks(text.slice(done.src.length, cut), env);
+  const known = { ...env.references };  // (what this frame's finished blocks knew)
+  const tail = markdownBlocks(text.slice(cut), env);
+  if (!refs && Object.keys(env.references).some((k) => !(k in done.refs)) && (done.count || finished.length)) {
+    const later = Object.keys(env.references).some((k) => !(k in known));  // (defined in the tail)
+    const unknownBefore = Object.keys(known).some((k) => !(k in done.refs));  // (in this frame's finished part)
+    if (later || (unknownBefore && done.count)) return renderMarkdownInto(box, text, env.references);
+  }
+  const fresh = [...finished, ...tail];
   const old = [...box.childNodes].slice(done.count);
   const sel = window.getSelection();
   const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
@@ -232,7 +248,7 @@ function renderMarkdownInto(box, text) {
     if (held(n)) { box._pending = text; heldBoxes.add(box); } else n.remove();
   }
   // what is drawn is the text: the finished part moves on (not while a held block is behind)
-  box._md = box._pending === null ? { src: text.slice(0, cut), count: done.count + finished.length } : done;
+  box._md = box._pending === null ? { src: text.slice(0, cut), count: done.count + finished.length, refs: known } : done;
 }
 
 // Where the text can be cut so that its two parts render as the whole does:

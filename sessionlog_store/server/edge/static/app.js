@@ -540,10 +540,10 @@
     return frag.textContent.replace(/\s+/g, " ").trim();
   }
   state.plainText = plainText;
-  function markdownBlocks(text) {
+  function markdownBlocks(text, env = {}) {
     if (!text) return [];
     state.parsed += text.length;
-    const frag = DOMPurify.sanitize(md.render(text), PURIFY);
+    const frag = DOMPurify.sanitize(md.render(text, env), PURIFY);
     for (const li of frag.querySelectorAll("li")) {
       const first = li.firstChild?.nodeName === "P" ? li.firstChild.firstChild : li.firstChild;
       const m = first?.nodeType === 3 && /^\[( |x|X)\]\s/.exec(first.textContent);
@@ -565,12 +565,22 @@
     }
     return [...frag.childNodes].filter((n) => n.nodeType === 1 || n.textContent.trim());
   }
-  function renderMarkdownInto(box, text) {
+  function renderMarkdownInto(box, text, refs = null) {
     let done = box._md;
-    if (!done || !text.startsWith(done.src) || box.childNodes.length < done.count) done = { src: "", count: 0 };
+    if (!done || !text.startsWith(done.src) || box.childNodes.length < done.count || refs) {
+      done = { src: "", count: 0, refs: refs || {} };
+    }
     const cut = safeCut(text, done.src.length);
-    const finished = markdownBlocks(text.slice(done.src.length, cut));
-    const fresh = [...finished, ...markdownBlocks(text.slice(cut))];
+    const env = { references: { ...done.refs } };
+    const finished = markdownBlocks(text.slice(done.src.length, cut), env);
+    const known = { ...env.references };
+    const tail = markdownBlocks(text.slice(cut), env);
+    if (!refs && Object.keys(env.references).some((k) => !(k in done.refs)) && (done.count || finished.length)) {
+      const later = Object.keys(env.references).some((k) => !(k in known));
+      const unknownBefore = Object.keys(known).some((k) => !(k in done.refs));
+      if (later || unknownBefore && done.count) return renderMarkdownInto(box, text, env.references);
+    }
+    const fresh = [...finished, ...tail];
     const old = [...box.childNodes].slice(done.count);
     const sel = window.getSelection();
     const held = (n) => sel && sel.rangeCount > 0 && !sel.isCollapsed && sel.containsNode(n, true);
@@ -594,7 +604,7 @@
         heldBoxes.add(box);
       } else n.remove();
     }
-    box._md = box._pending === null ? { src: text.slice(0, cut), count: done.count + finished.length } : done;
+    box._md = box._pending === null ? { src: text.slice(0, cut), count: done.count + finished.length, refs: known } : done;
   }
   var FENCE = /^( {0,3})(`{3,}|~{3,})/;
   var JOINS = /^(\s|[-+*]\s|\d{1,9}[.)]\s|[-+*]$|\d{1,9}[.)]$)/;
