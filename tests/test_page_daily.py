@@ -720,6 +720,15 @@ def test_a_long_list_is_drawn_a_page_at_a_time_grouped_by_day_with_undo_for_arch
     page.wait_for_function("window.sawGone")
     assert page.evaluate("window.sessionlog.current") is None
     assert "#s=" not in page.url
+    # ... and while the page was offline: said when it is back
+    row_click(page, size, ids[11])
+    page.context.set_offline(True)
+    page.wait_for_selector("body.offline")
+    page.evaluate("window.sawGone = false")
+    api.http.delete(f"/v1/sessions/{ids[11]}")
+    page.context.set_offline(False)
+    page.wait_for_function("window.sawGone")
+    assert page.evaluate("window.sessionlog.current") is None
     assert not page.errors
 
 

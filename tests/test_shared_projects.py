@@ -132,3 +132,12 @@ async def test_a_refused_project_write_ends_once_the_write_that_refused_it_can_b
                 for p in followers:
                     os.kill(p.pid, signal.SIGCONT)
             assert len(made) == 1 and caught_up == [made], (made, caught_up)
+            # A refusal that never clears (here a fence past the subject's end, as after a purge):
+            # waited for once, then refused at once, so the registry's tries end
+            log = logs[0]
+            log.stream_seq += 1000
+            log.moved_wait = 0.5
+            for i in range(20):  # (SHARED_TRIES)
+                with pytest.raises(ProjectsMoved):
+                    await log.append(ProjectCreated(project_id=f"p-{i}", name="x", path="/srv/two", owner="ann"))
+            assert log.waited_out == 1

@@ -396,6 +396,7 @@ async function rejoinAll() {
     refreshRunning();
     const sid = state.wanted || state.current || new URLSearchParams(location.hash.slice(1)).get("s");
     if (sid && state.sessions.has(sid)) await openSession(sid, { keep: sid === state.current, push: false });
+    else if (sid) { showError("That chat no longer exists."); openDraft(); }  // (deleted while this page was away)
     else if (!state.current) openDraft();
   } catch (e) { showError(e.message); }
 }
@@ -1047,11 +1048,15 @@ async function retry(msgId) {
 async function switchBranch(msgId, key) {
   // (the session's push may draw the new branch before the reload below: its
   // drawing puts the focus back at once, not a round trip later)
-  state.refocus = key ? { msgId, key } : null;
-  const r = await act("switch_branch", { msg_id: msgId });
-  if (r) await openSession(state.current, { keep: true });
-  state.refocus = null;
-  if (key && !focusControl(msgId, key) && focusLost()) $("input").focus();  // the button pressed went with its branch
+  const mine = state.refocus = key ? { msgId, key } : null;
+  try {
+    const r = await act("switch_branch", { msg_id: msgId });
+    if (r) await openSession(state.current, { keep: true });
+  } finally {
+    if (state.refocus === mine) state.refocus = null;  // (not a later switch's)
+  }
+  // (where the user put the focus meanwhile, it stays)
+  if (key && focusLost() && !focusControl(msgId, key)) $("input").focus();  // the button pressed went with its branch
 }
 function focusLost() { return !document.activeElement || document.activeElement === document.body; }
 

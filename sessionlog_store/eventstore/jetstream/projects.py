@@ -19,7 +19,7 @@ import trio
 from ..errors import CorruptRecord, ProjectsMoved, TornTail
 from ..events import Event
 from ..record import scan
-from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered, read_subject
+from .natsio import DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, publish_answered, read_subject, unanswered
 from ..record import Record, encode_record
 
 if TYPE_CHECKING:
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 PROJECTS: Final = "_projects"  # the subject's last token
 MOVED_POLL: Final = 0.05  # s between reads while a refusal's cause is not readable yet
+# The longest wait for it (a leader election takes 4-9 s): a refusal that
+# does not clear (the subject purged, the stream made again) is waited for
+# once, then refused at once, so the registry's tries end in seconds.
+MOVED_WAIT: Final = 15.0
 
 
 class StreamProjectLog:
@@ -47,6 +51,9 @@ class StreamProjectLog:
         self._held: list[tuple[bytes, int]] = []
         self._moved = trio.Event()  # set (and replaced) as this log learns of a newer message
         self.refused = 0  # appends the fence refused (a metric; tests wait on it)
+        self._waited_out = -1  # a fence waited past in vain (never waited for again)
+        self.waited_out = 0    # how many waits ended so (a metric)
+        self.moved_wait = MOVED_WAIT
         log.subject_listeners[PROJECTS] = self._take
 
     async def catch_up(self) -> list[Record]:
@@ -98,9 +105,11 @@ class StreamProjectLog:
         caught up at once, the retry was refused again, and a worker ran
         through its tries in milliseconds while a busy cluster replicated
         the other's (the CI's failure). Looked for on the tail and by a read,
-        within the log's retry time (then the caller catches up, as before)."""
+        for at most MOVED_WAIT (then the caller catches up, as before)."""
         from nats.js.errors import NotFoundError
         self.refused += 1
+        if fence == self._waited_out:
+            return  # (waited for this fence once in vain: a refusal that does not clear, the caller's tries end)
         js, stream, subject = self.log.js, self.log.stream, self.subject
 
         async def readable() -> bool:  # (on the asyncio loop)
@@ -108,10 +117,18 @@ class StreamProjectLog:
                 await js.get_msg(stream, seq=fence + 1, subject=subject, next=True)
             except NotFoundError:
                 return False
+            except Exception as e:  # noqa: BLE001 - no answer now (a leader being elected): not yet
+                if unanswered(e):
+                    return False
+                raise
             return True
-        deadline = trio.current_time() + self.log.retry_for
-        while self.stream_seq <= fence and trio.current_time() < deadline:
+        deadline = trio.current_time() + min(self.log.retry_for, self.moved_wait)
+        while self.stream_seq <= fence:
             if await self.log.bridge.run(readable):
+                return
+            if trio.current_time() >= deadline:
+                self._waited_out = fence
+                self.waited_out += 1
                 return
             with trio.move_on_after(MOVED_POLL):  # (the tail's word, or a read again)
                 await self._moved.wait()

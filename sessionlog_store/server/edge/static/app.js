@@ -775,7 +775,10 @@ ${had}` : text);
       refreshRunning();
       const sid = state.wanted || state.current || new URLSearchParams(location.hash.slice(1)).get("s");
       if (sid && state.sessions.has(sid)) await openSession(sid, { keep: sid === state.current, push: false });
-      else if (!state.current) openDraft();
+      else if (sid) {
+        showError("That chat no longer exists.");
+        openDraft();
+      } else if (!state.current) openDraft();
     } catch (e) {
       showError(e.message);
     }
@@ -1512,11 +1515,14 @@ ${had}` : text);
     if (r) await openSession(state.current, { keep: true });
   }
   async function switchBranch(msgId, key) {
-    state.refocus = key ? { msgId, key } : null;
-    const r = await act("switch_branch", { msg_id: msgId });
-    if (r) await openSession(state.current, { keep: true });
-    state.refocus = null;
-    if (key && !focusControl(msgId, key) && focusLost()) $("input").focus();
+    const mine = state.refocus = key ? { msgId, key } : null;
+    try {
+      const r = await act("switch_branch", { msg_id: msgId });
+      if (r) await openSession(state.current, { keep: true });
+    } finally {
+      if (state.refocus === mine) state.refocus = null;
+    }
+    if (key && focusLost() && !focusControl(msgId, key)) $("input").focus();
   }
   function focusLost() {
     return !document.activeElement || document.activeElement === document.body;
