@@ -253,10 +253,13 @@ def test_the_checksum_is_zlibs_crc32_made_by_isa_l():
     import os
     import zlib
 
-    from isal import isal_zlib
-
     from sessionlog_store.eventstore.checksum import crc32
-    assert crc32 is isal_zlib.crc32
+    try:
+        from isal import isal_zlib
+    except ImportError:  # (a machine isal has no wheel for: zlib's own)
+        assert crc32 is zlib.crc32
+    else:
+        assert crc32 is isal_zlib.crc32
     for n in (0, 1, 7, 64, 222, 4096, 100_000):
         data = os.urandom(n)
         assert crc32(data) == zlib.crc32(data)
