@@ -170,12 +170,14 @@ def _progressed(md: dict[str, Any], tree: Any, tokens: dict[str, int] | None) ->
     counts (the same dict when it has neither)."""
     if tree is None and tokens is None:
         return md
-    md = dict(md)
-    if tree is not None:
-        md["context_tree"] = tree
-    if tokens is not None:
-        md["partial_tokens_used"] = tokens
-    return md
+    # (the two keys always last, tree first: the same dict whether the records
+    # were folded one by one or several at once when the state is read)
+    out = {k: v for k, v in md.items() if k != "context_tree" and k != "partial_tokens_used"}
+    if tree is not None or "context_tree" in md:
+        out["context_tree"] = tree if tree is not None else md["context_tree"]
+    if tokens is not None or "partial_tokens_used" in md:
+        out["partial_tokens_used"] = tokens if tokens is not None else md["partial_tokens_used"]
+    return out
 
 
 class _Growth:
