@@ -16,9 +16,11 @@ from sessionlog_store.eventstore.events import (
     MessageFinalized,
     MessageProgress,
     OwnerChanged,
+    SessionCreated,
     SessionDeleted,
 )
 from sessionlog_store.eventstore.record import Record
+from sessionlog_store.projections.session import SessionState
 from sessionlog_store.projections.search import Drop, Put, Redo, SearchFold, fts_query, split_marks
 from sessionlog_store.server.local.search import FILE
 from sessionlog_store.server.stores import open_session_store
@@ -33,20 +35,33 @@ def rec(seq: int, ev: object) -> Record:
 
 
 def test_the_fold_indexes_a_message_when_it_finishes_with_the_text_it_ended_with():
-    f = SearchFold()
-    assert f.apply("s", rec(1, MessageCreated(msg_id="u", content="hello there"))) == [
+    # the loaded session, as the store folds it before the search index sees a record
+    state, loaded = SessionState(), [True]
+    f = SearchFold(lambda sid, mid: (m.content if loaded[0] and (m := state.messages.get(mid)) is not None
+                                     else None))
+
+    def apply(r: Record) -> list[object]:
+        state.apply(r)
+        return f.apply("s", r)  # type: ignore[return-value]
+    state.apply(rec(0, SessionCreated(session_id="s", title="t")))
+    assert apply(rec(1, MessageCreated(msg_id="u", content="hello there"))) == [
         Put("s", "u", "user", "chat", 1001.0, "hello there")]
-    assert f.apply("s", rec(2, MessageCreated(msg_id="r", role="assistant", kind="llm_reply", status="running"))) == []
-    assert f.apply("s", rec(3, MessageProgress(msg_id="r", content_delta="a draft", offset=0))) == []
-    assert f.apply("s", rec(4, MessageProgress(msg_id="r", content_delta="n answer", offset=1))) == []  # (a rewrite)
-    assert f.apply("s", rec(5, MessageFinalized(msg_id="r"))) == [Put("s", "r", "assistant", "llm_reply", 1002.0, "an answer")]
+    assert apply(rec(2, MessageCreated(msg_id="r", role="assistant", kind="llm_reply", status="running"))) == []
+    assert apply(rec(3, MessageProgress(msg_id="r", content_delta="a draft", offset=0))) == []
+    assert apply(rec(4, MessageProgress(msg_id="r", content_delta="n answer", offset=1))) == []  # (a rewrite)
+    assert apply(rec(5, MessageFinalized(msg_id="r"))) == [Put("s", "r", "assistant", "llm_reply", 1002.0, "an answer")]
     # a finalize with its content: that text; one begun before the fold saw it: the log knows it
-    f.apply("s", rec(6, MessageCreated(msg_id="t", role="tool", kind="tool_call", status="running")))
-    assert f.apply("s", rec(7, MessageFinalized(msg_id="t", content="final words"))) == [
+    apply(rec(6, MessageCreated(msg_id="t", role="tool", kind="tool_call", status="running")))
+    assert apply(rec(7, MessageFinalized(msg_id="t", content="final words"))) == [
         Put("s", "t", "tool", "tool_call", 1006.0, "final words")]
-    assert f.apply("s", rec(8, MessageFinalized(msg_id="older"))) == [Redo("s")]
-    assert f.apply("s", rec(9, MessageProgress(msg_id="gone", offset=5, content_delta="x"))) == []
-    assert f.apply("s", rec(10, SessionDeleted())) == [Drop("s")]
+    assert apply(rec(8, MessageFinalized(msg_id="older"))) == [Redo("s")]
+    assert apply(rec(9, MessageProgress(msg_id="gone", offset=5, content_delta="x"))) == []
+    # its session not loaded when it ends: the log knows its text
+    apply(rec(10, MessageCreated(msg_id="q", role="assistant", kind="llm_reply", status="running")))
+    apply(rec(11, MessageProgress(msg_id="q", content_delta="unseen", offset=0)))
+    loaded[0] = False
+    assert apply(rec(12, MessageFinalized(msg_id="q"))) == [Redo("s")]
+    assert apply(rec(13, SessionDeleted())) == [Drop("s")]
 
 
 def test_a_query_is_words_the_last_a_prefix_and_operators_are_words():

@@ -3,16 +3,18 @@ records make searchable, and how a person's query becomes an FTS5 query.
 
 A message is indexed once it is finished (a user's message is created
 finished; a reply when its finalize comes), with the text it ended with:
-progress records are folded here (a running reply's text, in memory) but
-not indexed, so a search never finds half a sentence that a retry or a
-crash later changed, and the throttle path pays nothing per progress
-record but this fold. A deleted session's messages leave the index. The
+a running reply's text is read from the loaded session when it ends, not
+indexed as it grows, so a search never finds half a sentence that a retry
+or a crash later changed, and the throttle path pays nothing per progress
+record here. A deleted session's messages leave the index. The
 index itself (SQLite FTS5) is server/local/search.py; it is a projection
 of the logs: deleting it loses nothing (`sessionlog rebuild` or the next
 start writes it again)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
 import msgspec
 
 from sessionlog_store.eventstore.events import (
@@ -50,57 +52,35 @@ class Redo(msgspec.Struct, frozen=True):
 Op = Put | Drop | Redo
 
 
-class _Text:
-    """A running message's text as its pieces: a progress record at its end
-    is an append of one piece (no copy of the whole text per record)."""
-    __slots__ = ("role", "kind", "at", "parts", "length", "gap")
-
-    def __init__(self, role: str, kind: str, at: float, text: str) -> None:
-        self.role, self.kind, self.at = role, kind, at
-        self.parts = [text] if text else []
-        self.length = len(text)
-        self.gap = False
-
-    def put(self, offset: int, delta: str) -> None:
-        if offset != self.length:  # a rewrite (rare): cut, then go on
-            if offset > self.length:
-                self.gap = True  # (never expected: the log knows the text)
-                return
-            whole = "".join(self.parts)[:offset]
-            self.parts, self.length = [whole], offset
-        if delta:
-            self.parts.append(delta)
-            self.length += len(delta)
-
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
 class SearchFold:
-    """Records in, index operations out. Keeps the text of each running
-    message (what the saver holds anyway) until it finishes."""
+    """Records in, index operations out. A finished message's text is its
+    finalize's, or else `content_of(session, msg_id)`: the loaded
+    session's, as the store folded it (its record listener runs first).
+    So a progress record costs this fold nothing (issue 29: it held a copy
+    of every running reply's text, 1.8 us a record on the throttle path,
+    and its memory). A message whose text is not known here (begun before
+    the fold, or its session not loaded) is indexed again from its log."""
 
-    def __init__(self) -> None:
-        self._running: dict[tuple[str, str], _Text] = {}
+    def __init__(self, content_of: Callable[[str, str], str | None]) -> None:
+        self.content_of = content_of
+        self._running: dict[tuple[str, str], tuple[str, str, float]] = {}  # -> its role, kind, time
 
     def apply(self, sid: str, rec: Record) -> list[Op]:
         ev = rec.event
         if type(ev) is MessageProgress:
-            held = self._running.get((sid, ev.msg_id))
-            if held is not None:
-                held.put(ev.offset, ev.content_delta)
             return []
         if isinstance(ev, MessageCreated):
             if ev.status in ("pending", "running"):
-                self._running[(sid, ev.msg_id)] = _Text(ev.role, ev.kind, rec.ts, ev.content)
+                self._running[(sid, ev.msg_id)] = (ev.role, ev.kind, rec.ts)
                 return []
             return [Put(sid, ev.msg_id, ev.role, ev.kind, rec.ts, ev.content)] if ev.content.strip() else []
         if isinstance(ev, MessageFinalized):
             held = self._running.pop((sid, ev.msg_id), None)
-            if held is None or (held.gap and ev.content is None):
-                return [Redo(sid)]  # (begun before this fold: its start is in the log only)
-            text = ev.content if ev.content is not None else held.text()
-            return [Put(sid, ev.msg_id, held.role, held.kind, held.at, text)] if text.strip() else []
+            text = ev.content if ev.content is not None else self.content_of(sid, ev.msg_id)
+            if held is None or text is None:
+                return [Redo(sid)]  # (begun before this fold, or not loaded: its text is in the log)
+            role, kind, at = held
+            return [Put(sid, ev.msg_id, role, kind, at, text)] if text.strip() else []
         if isinstance(ev, SessionDeleted):
             for key in [k for k in self._running if k[0] == sid]:
                 del self._running[key]

@@ -248,6 +248,13 @@ class SessionStore:
             raise unknown_session(session_id)
         return meta
 
+    def loaded_content(self, session_id: str, msg_id: str) -> str | None:
+        """A message's content in its loaded session, as folded so far (None:
+        the session or the message is not loaded)."""
+        state = self.states.get(session_id)
+        m = state.messages.get(msg_id) if state is not None else None
+        return m.content if m is not None else None
+
     def get_row(self, session_id: str) -> dict[str, Any]:
         meta = self.get_meta(session_id)
         return row_of(meta, self._project_view(meta.project_id), self._damage(session_id))

@@ -186,7 +186,8 @@ class SearchIndex:
     batches, catch up at the start, answer queries scoped to an owner.
 
     `owner_of(sid)` and `last_seq(sid)` come from the store (its registry and
-    its log); `sessions()` lists the sessions there are; `read_state(sid)`
+    its log); `content_of(sid, msg_id)` is a message's text in the loaded
+    session (None: not loaded); `sessions()` lists the sessions there are; `read_state(sid)`
     reads a session as the store does (what is acknowledged, written or
     not); `durable()` waits until what was appended is durable.
 
@@ -198,11 +199,12 @@ class SearchIndex:
     catches up); a session that cannot be read keeps its old watermark."""
 
     def __init__(self, root: str, *, owner_of: Callable[[str], str | None], last_seq: Callable[[str], int],
+                 content_of: Callable[[str, str], str | None],
                  sessions: Callable[[], Iterable[str]], read_state: Callable[[str], Awaitable[SessionState]],
                  durable: Callable[[], Awaitable[None]]) -> None:
         self.root = root
         self.db = SearchDB(os.path.join(root, FILE))
-        self.fold = SearchFold()
+        self.fold = SearchFold(content_of)
         self.owner_of, self.last_seq, self.sessions = owner_of, last_seq, sessions
         self.read_state, self.durable = read_state, durable
         self._stuck: set[str] = set()  # sessions not read this run: their watermarks stay
@@ -219,11 +221,12 @@ class SearchIndex:
     # -- fed by the event log (a listener: sync, in the appending task) --
 
     def on_record(self, sid: str, rec: Record, end: int) -> None:
+        self._seen[sid] = rec.seq
+        if type(rec.event) is MessageProgress:
+            return  # (a running reply's text: read from the loaded session when it ends)
         for op in self.fold.apply(sid, rec):
             self._queue.append((sid, op, rec.seq))
-        self._seen[sid] = rec.seq
-        if self._queue or type(rec.event) is not MessageProgress:
-            self._wake.set()
+        self._wake.set()
 
     # -- the writer --
 
