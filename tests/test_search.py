@@ -22,6 +22,7 @@ from sessionlog_store.eventstore.events import (
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.session import SessionState
 from sessionlog_store.projections.search import Drop, Put, Redo, SearchFold, fts_query, split_marks
+from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.local.search import FILE
 from sessionlog_store.server.stores import open_session_store
 
@@ -103,6 +104,34 @@ async def test_finished_messages_are_found_running_ones_when_they_end_deleted_on
         await store.delete_session(meta.id)
         await store.search.settled()
         assert (await store.search.search("lighthouse", owner=""))["hits"] == []
+
+
+async def test_a_reply_is_indexed_from_its_loaded_session_even_with_no_state_cache(root):
+    """The index takes a finished reply's text from the loaded session; with
+    `state_cache` 0 the session a reply starts in was dropped from memory at
+    once, and each finished reply made the index read its whole session
+    again. A reply's session now stays loaded while it runs; a session
+    deleted in the batch that would be read again stays out."""
+    async with open_session_store(root, config=StoreConfig(state_cache=0)) as store:
+        meta, _ = await store.create_session(first_message="first question")
+        others = [(await store.create_session(first_message=f"other {i}"))[0].id for i in range(3)]
+        for i in range(3):
+            async with store.inflight(meta.id) as msg:
+                for sid in others:  # (other sessions loaded meanwhile: with no cache, each drops the last)
+                    await store.load_session(sid)
+                msg.write(f"answer number {i} about granite")
+            await store.append_message(meta.id, f"question {i + 2}")
+        await store.search.settled()
+        assert len((await store.search.search("granite", owner=""))["hits"]) == 3
+        assert store.search.reindexed == 0, "no session read again"
+        # a session to be read again (a reply ended while it was not loaded) and deleted before the
+        # index writes them, in one batch: its Drop stands, it is not left in the index's sessions
+        gone = others[0]
+        assert gone in await store.search._call(store.search.db.indexed)
+        store.search._queue.append((gone, Redo(gone), 99))  # (what the fold queues then)
+        await store.delete_session(gone)
+        await store.search.settled()
+        assert gone not in await store.search._call(store.search.db.indexed)
 
 
 async def test_a_start_catches_up_what_the_index_missed_and_a_damaged_index_is_written_again(root):

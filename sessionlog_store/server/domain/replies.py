@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sessionlog_store.projections.registry import Registry
     from sessionlog_store.server.domain.inflight import ThrottledSaver
     from sessionlog_store.server.domain.sharing import SharedLog
+    from sessionlog_store.server.domain.states import LoadedStates
     from sessionlog_store.server.domain.subscriptions import SubscriptionHub
 
 log = logging.getLogger("sessionlog.store")
@@ -46,6 +47,7 @@ class RepliesHost(Protocol):
     saver: ThrottledSaver
     hub: SubscriptionHub
     worker: SharedLog | None
+    states: LoadedStates
 
     @property
     def shutting_down(self) -> bool: ...
@@ -167,6 +169,8 @@ class Replies:
             self.host.saver.flush(calling)
         try:
             with trio.CancelScope(shield=True):  # once queued, see it durable; a cancel lands in the body
+                if session_id not in self.host.states:  # (dropped by other loads since: the reply folds into it)
+                    await self.host.load_session(session_id)
                 appended = await self.host.append_events(session_id, *events)
         except BaseException:
             if self.host.worker is not None:

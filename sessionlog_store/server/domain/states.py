@@ -81,17 +81,18 @@ class LoadedStates:
 
     # -- the LRU --------------------------------------------------------------
 
-    def evict(self, keep: int) -> None:
+    def evict(self, keep: int, spare: str | None = None) -> None:
         """Drop least recently used states past `keep`; states with running
         messages stay (moved to the back, so the front of the LRU keeps the
-        candidates and a pass stays short)."""
+        candidates and a pass stays short), and `spare`'s (the session just
+        loaded or made, for the caller that asked for it)."""
         states = self._states
         excess = len(states) - keep
         looked = 0
         while excess > 0 and looked < len(states):
             sid, st = next(iter(states.items()))
             looked += 1
-            if st.meta is not None and st.meta.open_msgs:
+            if (st.meta is not None and st.meta.open_msgs) or sid == spare:
                 states.move_to_end(sid)
                 if looked > excess + 64:
                     return  # mostly running sessions: try again on a later load

@@ -293,7 +293,7 @@ class SessionStore:
         if state.meta is None:  # quarantined without a readable meta: what the registry knows
             state.meta = self.registry.get(session_id)
         self.states.put(session_id, state)
-        self._evict_states()
+        self._evict_states(spare=session_id)
         return state
 
     async def _read_state(self, session_id: str) -> SessionState:
@@ -304,11 +304,14 @@ class SessionStore:
         """The session's log as it stands, acknowledged records included."""
         return await self.keeper.log_bytes(session_id)
 
-    def _evict_states(self) -> None:
+    def _evict_states(self, spare: str) -> None:
         """Sessions with a producer here do not count against the state
         cache, so 5,000 streams starting do not each scan 5,000 cached states
-        (that was quadratic)."""
-        self.states.evict(self.config.state_cache + len(self.saver.sessions))
+        (that was quadratic). `spare`: the one just loaded or made stays (a
+        reply about to start folds into it: with `state_cache` 0 it was
+        dropped at once, and the search index read each finished reply's
+        whole session again)."""
+        self.states.evict(self.config.state_cache + len(self.saver.sessions), spare)
 
     async def get_messages(self, session_id: str) -> list[MessageSnapshot]:
         """The messages of the current branch, root first (works while archived)."""
@@ -351,7 +354,7 @@ class SessionStore:
         finally:
             self._creating.discard(sid)
             self._row_before.pop(sid, None)
-        self._evict_states()
+        self._evict_states(spare=sid)
         meta = self.get_meta(sid)
         self.notify("session_created", {"session": self.get_row(sid)})
         return meta, msg_id

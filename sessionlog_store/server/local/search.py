@@ -215,6 +215,7 @@ class SearchIndex:
         self.catching_up = True
         self.written = trio.Condition()               # (tests: a batch is in the index)
         self.batches = 0
+        self.reindexed = 0                            # sessions indexed again from their logs (a metric)
         self.broken: str | None = None                # why it stopped writing (it answers from what it has)
         self._flushing = False
 
@@ -281,6 +282,7 @@ class SearchIndex:
         await self.durable()  # what this batch holds is in the logs for good before it is in the index
         ops: list[tuple[str, Any]] = []
         redo: set[str] = set()
+        dropped: set[str] = set()
         for sid, op, _ in queue:
             if isinstance(op, Put):
                 owner = self.owner_of(sid)
@@ -289,9 +291,11 @@ class SearchIndex:
             elif isinstance(op, Drop):
                 ops.append(("drop", sid))
                 seen[sid] = -1
+                dropped.add(sid)
             elif isinstance(op, Redo):
                 redo.add(sid)
-        for sid in redo | self._stuck:
+        redo -= dropped  # (deleted in this batch: its Drop stands)
+        for sid in (redo | self._stuck) - dropped:
             seen.pop(sid, None)  # (its seq is written with its pass over the log, or not at all)
         if ops or seen:
             await self._call(self.db.write, ops, seen)
@@ -300,6 +304,7 @@ class SearchIndex:
 
     async def reindex(self, sid: str) -> None:
         """One session from its log (snapshot and tail), replacing what is indexed of it."""
+        self.reindexed += 1
         owner = self.owner_of(sid)
         if owner is None:
             return  # (deleted: its Drop is queued)
