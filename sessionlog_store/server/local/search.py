@@ -222,12 +222,11 @@ class SearchIndex:
     # -- fed by the event log (a listener: sync, in the appending task) --
 
     def on_record(self, sid: str, rec: Record, end: int) -> None:
-        self._seen[sid] = rec.seq
-        if type(rec.event) is MessageProgress:
-            return  # (a running reply's text: read from the loaded session when it ends)
-        for op in self.fold.apply(sid, rec):
-            self._queue.append((sid, op, rec.seq))
-        self._wake.set()
+        if type(rec.event) is not MessageProgress:  # (a running reply's text: read from the loaded session when it ends)
+            for op in self.fold.apply(sid, rec):
+                self._queue.append((sid, op, rec.seq))
+            self._wake.set()
+        self._seen[sid] = rec.seq  # (after its operations: a fold that raised leaves the watermark before it)
 
     # -- the writer --
 
