@@ -318,7 +318,7 @@ def scan_meta(session_id: str, data: bytes, *, expect_seq: int, base_offset: int
                             base_offset + pos, len(data) - pos, None)
     # (damage, or a seq out of order: found and reported line by line, without the fast path again)
     s = _scan_by_line(session_id, data, lines, decode_record_for_meta, base_offset, base_line, expect_seq)
-    return MetaScan([r for r in s.records if r.event is not PROGRESS_STANDIN and type(r.event) is not MessageProgress],
+    return MetaScan([r for r in s.records if type(r.event) is not MessageProgress],  # (PROGRESS_STANDIN is one)
                     len(s.records),
                     s.records[0].ts if s.records else 0.0, s.records[-1].seq if s.records else expect_seq - 1,
                     s.good_end, s.torn_bytes, s.corrupt)

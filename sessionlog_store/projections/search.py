@@ -76,7 +76,7 @@ class SearchFold:
             return [Put(sid, ev.msg_id, ev.role, ev.kind, rec.ts, ev.content)] if ev.content.strip() else []
         if isinstance(ev, MessageFinalized):
             held = self._running.pop((sid, ev.msg_id), None)
-            text = ev.content if ev.content is not None else self.content_of(sid, ev.msg_id)
+            text = None if held is None else ev.content if ev.content is not None else self.content_of(sid, ev.msg_id)
             if held is None or text is None:
                 return [Redo(sid)]  # (begun before this fold, or not loaded: its text is in the log)
             role, kind, at = held
