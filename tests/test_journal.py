@@ -319,3 +319,72 @@ def test_verify_lists_a_kept_damaged_journal(tmp_path):
     _, problems = verify(OS_FILES, root)
     assert [p.session_id for p in problems if "could not fully apply" in p.what] == ["journal-damaged-1"], problems
 
+
+
+async def test_the_log_writer_lingers_and_a_reader_never_waits_for_it(root):
+    """Issue 29: acknowledged lines wait in the journal for the next
+    batches' (one log write a second for a running reply, not four). A
+    read says which batch it needs and the writer writes up to there at
+    once, whether that batch is queued, committing or still filling; a
+    clean stop writes what lingers and removes the journal."""
+    with trio.fail_after(60):  # (a hang guard: a stop that did not end the linger would wait the hour)
+        await _linger_then_read(root)
+    assert read_log(OS_FILES, root, "s2").count(b"\n") == 2
+    assert segments(root) == [], "the stop wrote what lingered, synced the logs and removed the journal"
+
+
+async def _linger_then_read(root: str) -> None:
+    async with open_event_store(root, journal_sync_interval=3600, log_write_interval=3600) as es:
+        await es.create("s1", [SessionCreated(session_id="s1", created_at=1.0)])
+        await es.create("s2", [SessionCreated(session_id="s2", created_at=1.0)])
+        created = read_log(OS_FILES, root, "s1")
+        await es.append("s1", SessionRenamed(title="acknowledged"))
+        await es.append("s2", SessionRenamed(title="lingers until the stop"))
+        assert es.durable_seq("s1") == 2 and es.written_seq("s1") == 1, "acknowledged, not in the log yet"
+        assert read_log(OS_FILES, root, "s1") == created
+        es.append_nowait("s1", SessionRenamed(title="still filling"))
+        with trio.fail_after(30):  # (a hang guard: without `want`, the read waits the hour out)
+            records = await es.read("s1")
+        assert [r.event.title for r in records[1:]] == ["acknowledged", "still filling"]
+        assert read_log(OS_FILES, root, "s1").count(b"\n") == 3 and es.written_seq("s1") == 3
+
+
+LINGER_AND_WAIT = r"""
+import sys, trio
+from sessionlog_store.server.config import StoreConfig
+from sessionlog_store.server.stores import open_session_store
+async def main():
+    cfg = StoreConfig(log_write_interval=3600)
+    async with open_session_store(sys.argv[1], config=cfg) as store:
+        meta, _ = await store.create_session(first_message="hi")
+        await store.es.flush()
+        async with store.inflight(meta.id) as msg:
+            for i in range(50):
+                msg.write("word ")
+                store.saver.flush(msg)
+            await store.es.wait_durable(meta.id, store.es.last_seq(meta.id))
+            assert store.es.written_seq(meta.id) < store.es.durable_seq(meta.id)
+            print(meta.id, msg.msg_id, flush=True)
+            await trio.sleep_forever()
+trio.run(main)
+"""
+
+
+async def test_sigkill_while_acknowledged_records_linger_then_a_start_gives_them_back(root):
+    """The records a lingering log writer had not written yet are in the
+    journal only, and the start after a SIGKILL writes them into the log."""
+    from sessionlog_store.server.stores import open_session_store
+    p = child(LINGER_AND_WAIT, root)
+    assert p.stdout is not None
+    line = await trio.to_thread.run_sync(p.stdout.readline)
+    assert line, p.stderr.read() if p.stderr else ""
+    sid, mid = line.split()
+    os.kill(p.pid, signal.SIGKILL)
+    await trio.to_thread.run_sync(p.wait, 30)
+    assert b"word" not in read_logs(root)[sid], "the killed server had not written the reply into the log"
+    async with open_session_store(root) as store:
+        assert store.recovery.journal.records >= 50
+        m = (await store.load_session(sid)).messages[mid]
+        assert m.status == "aborted" and m.content == "word " * 50
+    assert read_logs(root)[sid].count(b"word") >= 50
+    assert segments(root) == []

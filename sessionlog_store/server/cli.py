@@ -217,7 +217,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         stream_checkpoint_interval=args.nats_checkpoint_interval,
         project_roots=tuple(os.path.abspath(r) for r in args.project_root), many_users=args.auth != "token",
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
-        journal_sync_interval=args.journal_sync_interval, progress_interval=args.progress_interval,
+        journal_sync_interval=args.journal_sync_interval, log_write_interval=args.log_write_interval,
+        progress_interval=args.progress_interval,
         progress_slots=args.progress_slots or None, checkpoint_interval=args.checkpoint_interval,
         snapshot_interval=args.snapshot_interval, stall_timeout=args.stall_timeout,
         state_cache=args.state_cache))
@@ -539,6 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how appends are made durable (README: Configuration)")
     s.add_argument("--journal-sync-interval", type=_seconds, default=1.0, metavar="SECONDS",
                    help="how often the logs are synced and journal segments removed")
+    s.add_argument("--log-write-interval", type=_seconds, default=1.0, metavar="SECONDS",
+                   help="how long acknowledged records wait in the journal for the next ones before their "
+                        "session's log is written (a read never waits for it; 0: write each batch at once)")
     s.add_argument("--progress-interval", type=_seconds, default=0.25, metavar="SECONDS",
                    help="how often a streaming reply's progress is written")
     s.add_argument("--progress-slots", type=_count, default=0, metavar="N",

@@ -25,6 +25,8 @@ class StoreConfig:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     sync_mode: SyncMode = "journal"       # see eventstore/local/commit.py and journal.py
     journal_sync_interval: float = 1.0    # logs synced and journal segments removed this often
+    log_write_interval: float = 1.0       # an acknowledged record waits in the journal at most this long for
+                                          # the next ones before its log is written (eventstore/local/logwriter.py)
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     # Folders projects may lie under (() : the home directory only).
     project_roots: tuple[str, ...] = ()

@@ -43,7 +43,8 @@ async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = 
         else:
             sc = store_config or StoreConfig()
             space = await stack.enter_async_context(open_stream_space(
-                root, fs=fs, sync_mode=sc.sync_mode, journal_sync_interval=sc.journal_sync_interval))
+                root, fs=fs, sync_mode=sc.sync_mode, journal_sync_interval=sc.journal_sync_interval,
+                log_write_interval=sc.log_write_interval))
         server = Server(store, config, agent or DemoAgent(), agents, streams=space)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)

@@ -72,6 +72,10 @@ SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
 # How often the journal's logs are synced and its segments removed (seconds):
 # the bound on what a start after a crash re-applies.
 JOURNAL_SYNC_INTERVAL: Final = 1.0
+# How long an acknowledged batch's lines may wait in the journal for the
+# next batches' before the log writer writes them (logwriter.py: one log
+# write a second for a running reply, not four; a reader never waits for it).
+LOG_WRITE_INTERVAL: Final = 1.0
 
 # The listener sees every record as it is appended (not yet durable):
 # (session_id, record, byte offset just past the record).
@@ -86,7 +90,8 @@ class EventStore:
     """
 
     def __init__(self, root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
-                 max_open: int = MAX_OPEN_LOGS, journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> None:
+                 max_open: int = MAX_OPEN_LOGS, journal_sync_interval: float = JOURNAL_SYNC_INTERVAL,
+                 log_write_interval: float = LOG_WRITE_INTERVAL) -> None:
         if sync_mode == "syncfs" and not SYNCFS_REPORTS_ERRORS:
             raise ValueError("sync_mode='syncfs' needs Linux 5.8 or newer (a syncfs(2) that reports "
                              "writeback errors)")
@@ -134,7 +139,8 @@ class EventStore:
                                     committed_no=lambda: self._committed_no, broken=lambda: self._broken,
                                     fail=self._fail)
         self.writer = LogWriter(self.files, self._fd_lock, self._sessions, self.timing,
-                                on_written=self.rounds.written, fail=self._fail)
+                                on_written=self.rounds.written, fail=self._fail,
+                                interval=log_write_interval if self.journal else 0.0)
 
     # -- sessions ---------------------------------------------------------
 
@@ -468,6 +474,7 @@ class EventStore:
                     self._check_open()
             elif self.writer.written_no >= target:
                 return
+            self.writer.want(target)
             await self.writer.written.wait()
 
     # -- the committer ----------------------------------------------------

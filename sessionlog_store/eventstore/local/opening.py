@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from .commit import JOURNAL_SYNC_INTERVAL, EventStore, SyncMode
+from .commit import JOURNAL_SYNC_INTERVAL, LOG_WRITE_INTERVAL, EventStore, SyncMode
 from .fsio import OS_FILES, FileOps, lock_root
 from .journal import JournalRecovery, apply_journal, journal_dir
 from .log import SESSIONS_DIR
@@ -50,12 +50,13 @@ def prepare_root(fs: FileOps, root: str, journal: bool) -> JournalRecovery:
 @asynccontextmanager
 async def open_event_store(root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
                            max_open: int = MAX_OPEN_LOGS,
-                           journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> AsyncIterator[EventStore]:
+                           journal_sync_interval: float = JOURNAL_SYNC_INTERVAL,
+                           log_write_interval: float = LOG_WRITE_INTERVAL) -> AsyncIterator[EventStore]:
     """Open the store's write side; the committer runs until the block exits,
     and everything appended inside the block is committed before it does
     (see the module's header)."""
     store = EventStore(root, fs=fs, sync_mode=sync_mode, max_open=max_open,
-                       journal_sync_interval=journal_sync_interval)
+                       journal_sync_interval=journal_sync_interval, log_write_interval=log_write_interval)
     lock_fd = lock_root(root)
     try:
         with trio.CancelScope(shield=True):

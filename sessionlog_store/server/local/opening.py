@@ -36,7 +36,8 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
                          "sessionlog_store.server.stores.open_session_store")
     root = os.path.abspath(root)
     async with open_event_store(root, fs=fs, sync_mode=config.sync_mode,
-                                journal_sync_interval=config.journal_sync_interval) as es:
+                                journal_sync_interval=config.journal_sync_interval,
+                                log_write_interval=config.log_write_interval) as es:
         registry, damaged, report = await recover(fs, root)
 
         def keeper(s: SessionStore) -> LocalKeeper:

@@ -13,7 +13,7 @@ from typing import Final
 import trio
 
 from sessionlog_store.eventstore.events import SessionDeleted
-from sessionlog_store.eventstore.local.commit import JOURNAL_SYNC_INTERVAL, EventStore, SyncMode
+from sessionlog_store.eventstore.local.commit import JOURNAL_SYNC_INTERVAL, LOG_WRITE_INTERVAL, EventStore, SyncMode
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.eventstore.local.log import list_session_ids, log_path, read_log, repair_torn_tail
 from sessionlog_store.eventstore.local.opening import open_event_store
@@ -61,12 +61,14 @@ async def stream_log_bytes(space: StreamSpace, log_id: str) -> bytes:
 
 @asynccontextmanager
 async def open_stream_space(data_root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
-                            journal_sync_interval: float = JOURNAL_SYNC_INTERVAL) -> AsyncIterator[StreamSpace]:
+                            journal_sync_interval: float = JOURNAL_SYNC_INTERVAL,
+                            log_write_interval: float = LOG_WRITE_INTERVAL) -> AsyncIterator[StreamSpace]:
     """The space of the data root `data_root` (its streams in `streams/`),
     open until the block exits."""
     root = os.path.join(os.path.abspath(data_root), STREAMS_DIR)
     await trio.to_thread.run_sync(fs.makedirs, root)
-    async with open_event_store(root, fs=fs, sync_mode=sync_mode, journal_sync_interval=journal_sync_interval) as es:
+    async with open_event_store(root, fs=fs, sync_mode=sync_mode, journal_sync_interval=journal_sync_interval,
+                                log_write_interval=log_write_interval) as es:
         logs, tombstoned, damaged = await trio.to_thread.run_sync(read_stream_logs, es, fs, root)
         for log_id in tombstoned:
             await es.remove(log_id)
