@@ -173,6 +173,7 @@ def test_every_serve_flag_comes_from_the_environment_too(monkeypatch):
     assert (args.state_cache, args.sync_mode, args.token) == (7, "auto", "s3cret-value")
     assert args.allow_origin == ["https://a.example", "https://b.example"]
     assert parser.parse_args(["serve", "--state-cache", "9"]).state_cache == 9
+    assert parser.parse_args(["serve", "--log-write-interval", "0"]).log_write_interval == 0  # (0: no linger)
     serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
     assert "s3cret-value" not in serve.format_help()
 

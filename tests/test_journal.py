@@ -49,7 +49,7 @@ async def test_a_batch_is_one_frame_and_its_lines_are_in_the_log_when_acknowledg
 
 
 async def test_a_round_syncs_the_logs_and_removes_the_segments_it_covers(root):
-    async with open_event_store(root, journal_sync_interval=0) as es:
+    async with open_event_store(root, journal_sync_interval=0, log_write_interval=0) as es:
         await es.create("s1", [SessionCreated(session_id="s1", created_at=1.0)])
         for i in range(5):
             await es.append("s1", SessionRenamed(title=f"t{i}"))

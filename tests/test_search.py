@@ -134,6 +134,19 @@ async def test_a_reply_is_indexed_from_its_loaded_session_even_with_no_state_cac
         assert gone not in await store.search._call(store.search.db.indexed)
 
 
+async def test_the_index_waits_for_its_records_to_be_durable_not_for_the_log_writer(root):
+    """The index writes a batch once its records are durable (in the
+    journal). It used to wait for them to be in the log files too (a
+    flush), which ended the log writer's linger at each message created or
+    finished: every log written at once again (issue 29)."""
+    async with open_session_store(root, config=StoreConfig(log_write_interval=3600)) as store:
+        meta, _ = await store.create_session(first_message="a question about basalt")
+        await store.append_message(meta.id, "and one about obsidian")
+        await store.search.settled()
+        assert len((await store.search.search("obsidian", owner=""))["hits"]) == 1
+        assert store.es.written_seq(meta.id) < store.es.durable_seq(meta.id), "the index had the log written"
+
+
 async def test_a_start_catches_up_what_the_index_missed_and_a_damaged_index_is_written_again(root):
     async with open_session_store(root) as store:
         meta, _ = await store.create_session(first_message="the quartz mountain")

@@ -540,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how appends are made durable (README: Configuration)")
     s.add_argument("--journal-sync-interval", type=_seconds, default=1.0, metavar="SECONDS",
                    help="how often the logs are synced and journal segments removed")
-    s.add_argument("--log-write-interval", type=_seconds, default=1.0, metavar="SECONDS",
+    s.add_argument("--log-write-interval", type=_seconds_or_off, default=1.0, metavar="SECONDS",
                    help="how long acknowledged records wait in the journal for the next ones before their "
                         "session's log is written (a read never waits for it; 0: write each batch at once)")
     s.add_argument("--progress-interval", type=_seconds, default=0.25, metavar="SECONDS",

@@ -453,6 +453,19 @@ class EventStore:
                 await self._wait(self._batch)
         return seq
 
+    async def durable(self) -> None:
+        """Wait until everything appended so far is durable (acknowledged: in
+        the journal), not necessarily in its log file (`flush`): what a
+        projection written beside the logs needs (the search index), without
+        ending the log writer's linger."""
+        b = self._batch
+        if b.lines or b.births:
+            await self._wait(b)  # (batches are made durable in order: the one committing first)
+        elif self._committing is not None:
+            await self._wait(self._committing)
+        elif self._broken is not None:
+            self._check_open()
+
     async def flush(self) -> None:
         """Wait until everything appended so far is durable and in its log
         file (what a reader of the logs needs).

@@ -15,9 +15,11 @@ sequential file instead:
 2. The log writer then writes each session's new lines to that session's
    `log.jsonl` (page cache, no sync); a reader of a log (load, resume, the
    background check) first waits for the lines appended before it
-   (`flush()`), so it sees every acknowledged record. A tool reading the
-   files of a running store (`inspect`, `jq`) may be a few milliseconds
-   behind; after a crash the next start writes back what the logs lack.
+   (`flush()`), so it sees every acknowledged record. The writer lingers
+   (logwriter.py): a batch waits up to `log_write_interval` (1 s) for the
+   next ones, unless a reader wants it; so a tool reading the files of a
+   running store (`inspect`, `jq`) may be about a second behind; after a
+   crash the next start writes back what the logs lack.
 3. A periodic round (commit.py, `journal_sync_interval`) takes the batch
    number B of the last batch written to the logs and closes the current
    segment (between two batches), then syncs the logs' filesystems (syncfs,
@@ -81,8 +83,9 @@ Invariants:
   the tombstone may have been in the damaged part: the refusal says so, and
   `sessionlog repair --journal` applies what can be applied and keeps the
   journal aside (`missing_logs="keep"`).
-- Replay after a crash is bounded by the round's period: at 40,000
-  records/s and 1 s, about 40,000 entries (8 MB).
+- Replay after a crash is bounded by the round's period plus the log
+  writer's linger: at 40,000 records/s and 1 s each, about 80,000 entries
+  (16 MB).
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
         search = await trio.to_thread.run_sync(lambda: SearchIndex(
             root, owner_of=lambda sid: (m.owner if (m := store.registry.get(sid)) is not None else None),
             last_seq=es.last_seq, content_of=store.loaded_content, sessions=lambda: list(store.registry.rows), read_state=kept.read_state,
-            durable=es.flush))
+            durable=es.durable))
         store.search = search
         es.listeners.append(search.on_record)
         try:

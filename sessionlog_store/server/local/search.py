@@ -278,7 +278,7 @@ class SearchIndex:
         seen, self._seen = self._seen, {}
         if self.broken is not None:
             return  # (stopped writing: the next start catches up)
-        await self.durable()  # what this batch holds is in the logs for good before it is in the index
+        await self.durable()  # what this batch holds is durable (the journal, then the logs) before it is in the index
         ops: list[tuple[str, Any]] = []
         redo: set[str] = set()
         dropped: set[str] = set()
