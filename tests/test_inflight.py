@@ -313,6 +313,7 @@ async def test_a_reply_that_ends_flags_its_session_unread_and_a_users_stop_does_
             raise RuntimeError("the model failed")
     assert store.registry.get(meta.id).unread is True
     # one record carries both flags, as the log holds them (a replay agrees)
+    await store.es.flush()  # (the log writer lingers: a reader of the file asks for its lines first)
     flags = [r.event for r in records(root, meta.id) if type(r.event).__name__ == "SessionFlags" and r.event.unread]
     assert flags and all(f.status == "idle" for f in flags)
 

@@ -329,7 +329,7 @@ async def test_the_log_writer_lingers_and_a_reader_never_waits_for_it(root):
     clean stop writes what lingers and removes the journal."""
     with trio.fail_after(60):  # (a hang guard: a stop that did not end the linger would wait the hour)
         await _linger_then_read(root)
-    assert read_log(OS_FILES, root, "s2").count(b"\n") == 2
+    assert read_log(OS_FILES, root, "s2").count(b"\n") == 3
     assert segments(root) == [], "the stop wrote what lingered, synced the logs and removed the journal"
 
 
@@ -347,6 +347,7 @@ async def _linger_then_read(root: str) -> None:
             records = await es.read("s1")
         assert [r.event.title for r in records[1:]] == ["acknowledged", "still filling"]
         assert read_log(OS_FILES, root, "s1").count(b"\n") == 3 and es.written_seq("s1") == 3
+        await es.append("s2", SessionRenamed(title="pending at the stop"))  # (lingers: the stop must write it)
 
 
 LINGER_AND_WAIT = r"""
@@ -388,3 +389,35 @@ async def test_sigkill_while_acknowledged_records_linger_then_a_start_gives_them
         assert m.status == "aborted" and m.content == "word " * 50
     assert read_logs(root)[sid].count(b"word") >= 50
     assert segments(root) == []
+
+
+async def test_each_log_is_written_when_its_own_oldest_line_is_due_not_all_at_once(root, mock_clock):
+    """The linger is per session: a log's lines are written once its oldest
+    has waited `log_write_interval`, in the order they came, so the writes
+    stay spread over the interval as the records are (writing everything
+    queued at once held the GIL for a burst of 10,000 writes)."""
+    mock_clock.rate = 1  # (real time, plus the jumps below)
+    async with open_event_store(root, journal_sync_interval=3600, log_write_interval=3600) as es:
+        for sid in ("s1", "s2"):
+            await es.create(sid, [SessionCreated(session_id=sid, created_at=1.0)])
+        await es.append("s1", SessionRenamed(title="first"))
+        queued = trio.current_time()  # (s1's line joins the writer's pending lines when acknowledged)
+        mock_clock.jump(100)
+        await es.append("s2", SessionRenamed(title="second"))
+        s2_batch = es._committed_no
+        mock_clock.jump(queued + 3600 + 50 - trio.current_time())  # s1's line due, s2's in 50 s
+        with trio.fail_after(30):
+            while es.written_seq("s1") < 2:
+                await es.writer.written.wait()
+        assert es.written_seq("s2") == 1 and read_log(OS_FILES, root, "s2").count(b"\n") == 1, \
+            "only the log whose line was due is written"
+        assert es.writer.written_no == s2_batch - 1, "the written position stops before s2's batch"
+        await es.sync_round()  # (a round removes only segments whose batches are all in the logs)
+        left = [e for seg in segments(root) for _, entries in decode_frames(OS_FILES.read_bytes(seg), 1)[0]
+                for e in entries]
+        assert any(e[0] == "s2" for e in left), "the journal keeps s2's line until its log has it"
+        mock_clock.jump(100)
+        with trio.fail_after(30):
+            while es.written_seq("s2") < 2:
+                await es.writer.written.wait()
+        assert not es.writer.pending and es.writer.written_no == es._committed_no, "every batch counted off"

@@ -147,6 +147,23 @@ async def test_the_index_waits_for_its_records_to_be_durable_not_for_the_log_wri
         assert store.es.written_seq(meta.id) < store.es.durable_seq(meta.id), "the index had the log written"
 
 
+async def test_the_index_checkpoint_waits_for_the_log_writer_without_ending_its_linger(root):
+    """The registry checkpoint (index.json) waits for the logs to hold what
+    it records, as readers do, but without ending the log writer's linger:
+    under streaming it ran every few seconds, each time a burst of a write
+    for every log."""
+    from trio.testing import wait_all_tasks_blocked
+    cfg = StoreConfig(log_write_interval=3600, checkpoint_interval=3600)
+    async with open_session_store(root, config=cfg) as store:
+        meta, _ = await store.create_session(first_message="hello")
+        await store.append_message(meta.id, "again")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.keeper.caches.write_index)  # type: ignore[attr-defined]
+            await wait_all_tasks_blocked()
+            assert store.es.written_seq(meta.id) < store.es.durable_seq(meta.id), "the checkpoint had the log written"
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_start_catches_up_what_the_index_missed_and_a_damaged_index_is_written_again(root):
     async with open_session_store(root) as store:
         meta, _ = await store.create_session(first_message="the quartz mountain")

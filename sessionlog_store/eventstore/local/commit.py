@@ -72,9 +72,9 @@ SyncMode = Literal["journal", "auto", "syncfs", "fdatasync"]
 # How often the journal's logs are synced and its segments removed (seconds):
 # the bound on what a start after a crash re-applies.
 JOURNAL_SYNC_INTERVAL: Final = 1.0
-# How long an acknowledged batch's lines may wait in the journal for the
-# next batches' before the log writer writes them (logwriter.py: one log
-# write a second for a running reply, not four; a reader never waits for it).
+# How long a session's acknowledged lines may wait in the journal for its
+# next ones before the log writer writes them (logwriter.py: one log write a
+# second for a running reply, not four; a reader never waits for it).
 LOG_WRITE_INTERVAL: Final = 1.0
 
 # The listener sees every record as it is appended (not yet durable):
@@ -466,9 +466,10 @@ class EventStore:
         elif self._broken is not None:
             self._check_open()
 
-    async def flush(self) -> None:
+    async def flush(self, *, hurry: bool = True) -> None:
         """Wait until everything appended so far is durable and in its log
-        file (what a reader of the logs needs).
+        file (what a reader of the logs needs). `hurry` False: without
+        ending the log writer's linger (a checkpoint, which can wait).
 
         Batches are numbered as they are committed and written in order: the
         filling batch, if it holds anything, becomes the next number; else
@@ -487,7 +488,8 @@ class EventStore:
                     self._check_open()
             elif self.writer.written_no >= target:
                 return
-            self.writer.want(target)
+            if hurry:
+                self.writer.want(target)
             await self.writer.written.wait()
 
     # -- the committer ----------------------------------------------------

@@ -16,8 +16,8 @@ sequential file instead:
    `log.jsonl` (page cache, no sync); a reader of a log (load, resume, the
    background check) first waits for the lines appended before it
    (`flush()`), so it sees every acknowledged record. The writer lingers
-   (logwriter.py): a batch waits up to `log_write_interval` (1 s) for the
-   next ones, unless a reader wants it; so a tool reading the files of a
+   (logwriter.py): a session's lines wait until its oldest has waited
+   `log_write_interval` (1 s), unless a reader wants them; so a tool reading the files of a
    running store (`inspect`, `jq`) may be about a second behind; after a
    crash the next start writes back what the logs lack.
 3. A periodic round (commit.py, `journal_sync_interval`) takes the batch

@@ -58,7 +58,7 @@ class Caches:
         """Write index.json with every row whose state is durable. Returns rows written."""
         es, registry = self.es, self.registry
         async with self._index_lock:
-            await es.flush()
+            await es.flush(hurry=False)  # (at most the log writer's linger: not a burst of every log each time)
             entries = {}
             for sid, meta in registry.rows.items():
                 mark = registry.marks.get(sid)
