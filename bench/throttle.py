@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-interval", type=float, default=None,
                     help="the journal's rounds (logs synced, segments removed) this often, s (StoreConfig."
                          "journal_sync_interval; issue 29 item 2)")
+    ap.add_argument("--log-write-interval", type=float, default=None,
+                    help="the log writer's linger, s (StoreConfig.log_write_interval, default 1; 0: each batch's "
+                         "lines written at once, as before the fifth round of issue 29)")
     ap.add_argument("--log-writeback", action="store_true",
                     help="the log writer starts each log's writeback after its write (a candidate of issue 29 "
                          "item 2, measured and not adopted)")
@@ -299,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                         from pyinstrument import Profiler
                         prof = Profiler(interval=0.001)
                         prof.start()
-                    extra = None if a.round_interval is None or sync_mode == "sqlite" else \
-                        {"journal_sync_interval": a.round_interval}
+                    extra = {} if sync_mode == "sqlite" else {
+                        **({} if a.round_interval is None else {"journal_sync_interval": a.round_interval}),
+                        **({} if a.log_write_interval is None else {"log_write_interval": a.log_write_interval})}
                     rs.append(trio.run(partial(run_streams, extra=extra), root, n, seconds, a.per_task, sync_mode,
                                        int(slots) if slots else None))
                     if a.profile:

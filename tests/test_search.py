@@ -27,6 +27,7 @@ from sessionlog_store.server.local.search import FILE
 from sessionlog_store.server.stores import open_session_store
 
 from .httpc import HttpClient
+from .conftest import read_logs
 from .processes import ROOT, ServeProcess, free_port, wait_for
 from .test_users import TOKENS, start_users, user
 
@@ -154,14 +155,18 @@ async def test_the_index_checkpoint_waits_for_the_log_writer_without_ending_its_
     for every log."""
     from trio.testing import wait_all_tasks_blocked
     cfg = StoreConfig(log_write_interval=3600, checkpoint_interval=3600)
-    async with open_session_store(root, config=cfg) as store:
-        meta, _ = await store.create_session(first_message="hello")
-        await store.append_message(meta.id, "again")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.keeper.caches.write_index)  # type: ignore[attr-defined]
-            await wait_all_tasks_blocked()
-            assert store.es.written_seq(meta.id) < store.es.durable_seq(meta.id), "the checkpoint had the log written"
-            nursery.cancel_scope.cancel()
+    with trio.fail_after(60):  # (a hang guard: the stop's own checkpoint must not wait the hour out)
+        async with open_session_store(root, config=cfg) as store:
+            meta, _ = await store.create_session(first_message="hello")
+            await store.append_message(meta.id, "again")
+            wanted = store.es.writer.wanted_no
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.keeper.caches.write_index, False)  # type: ignore[attr-defined]
+                await wait_all_tasks_blocked()
+                assert store.es.writer.wanted_no == wanted, "the periodic checkpoint ended the linger"
+                assert store.es.written_seq(meta.id) < store.es.durable_seq(meta.id)
+                nursery.cancel_scope.cancel()
+    assert b"again" in read_logs(root)[meta.id], "the stop wrote what lingered"
 
 
 async def test_a_start_catches_up_what_the_index_missed_and_a_damaged_index_is_written_again(root):

@@ -54,11 +54,14 @@ class Caches:
         self.snapshot_dirty.add(session_id)
         self._snapshot_wake.set()
 
-    async def write_index(self) -> int:
-        """Write index.json with every row whose state is durable. Returns rows written."""
+    async def write_index(self, hurry: bool = True) -> int:
+        """Write index.json with every row whose state is durable. Returns rows
+        written. `hurry` False (the periodic checkpoint): it waits for the
+        logs without ending the log writer's linger (at most its interval);
+        a start, a stop or a caller waiting for it does not wait so."""
         es, registry = self.es, self.registry
         async with self._index_lock:
-            await es.flush(hurry=False)  # (at most the log writer's linger: not a burst of every log each time)
+            await es.flush(hurry=hurry)
             entries = {}
             for sid, meta in registry.rows.items():
                 mark = registry.marks.get(sid)
@@ -104,7 +107,7 @@ class Caches:
             await self.index_dirty.wait()
             await trio.sleep(self.config.checkpoint_interval)
             self.index_dirty = trio.Event()
-            await self.write(self.write_index)
+            await self.write(self.write_index, False)  # (not a burst of a write for every log each time)
 
     async def snapshot_loop(self) -> None:
         while True:
