@@ -212,15 +212,22 @@ trio.run(main)
 """
 
 
-async def test_sigkill_mid_stream_then_a_start_applies_and_removes_the_journal(root):
-    from sessionlog_store.server.stores import open_session_store
-    p = child(STREAM_AND_WAIT, root)
+async def streamed_then_killed(code: str, root: str) -> tuple[str, str]:
+    """Run `code` (it prints a session id and a message id once it streamed),
+    then SIGKILL it; the two ids."""
+    p = child(code, root)
     assert p.stdout is not None
     line = await trio.to_thread.run_sync(p.stdout.readline)
     assert line, p.stderr.read() if p.stderr else ""
-    sid, mid = line.split()
     os.kill(p.pid, signal.SIGKILL)
     await trio.to_thread.run_sync(p.wait, 30)
+    sid, mid = line.split()
+    return sid, mid
+
+
+async def test_sigkill_mid_stream_then_a_start_applies_and_removes_the_journal(root):
+    from sessionlog_store.server.stores import open_session_store
+    sid, mid = await streamed_then_killed(STREAM_AND_WAIT, root)
     assert segments(root), "the killed server's journal is still there"
     before = read_logs(root)[sid]
     async with open_session_store(root) as store:
@@ -375,13 +382,7 @@ async def test_sigkill_while_acknowledged_records_linger_then_a_start_gives_them
     """The records a lingering log writer had not written yet are in the
     journal only, and the start after a SIGKILL writes them into the log."""
     from sessionlog_store.server.stores import open_session_store
-    p = child(LINGER_AND_WAIT, root)
-    assert p.stdout is not None
-    line = await trio.to_thread.run_sync(p.stdout.readline)
-    assert line, p.stderr.read() if p.stderr else ""
-    sid, mid = line.split()
-    os.kill(p.pid, signal.SIGKILL)
-    await trio.to_thread.run_sync(p.wait, 30)
+    sid, mid = await streamed_then_killed(LINGER_AND_WAIT, root)
     assert b"word" not in read_logs(root)[sid], "the killed server had not written the reply into the log"
     async with open_session_store(root) as store:
         assert store.recovery.journal.records >= 50
