@@ -30,16 +30,20 @@ TOKEN = "torture"
 
 def spawn(root: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "sessionlog_store", "serve", "--root", root, "--port", "0",
-                             "--token", TOKEN, "--agent-speed", "200", "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    with open(f"{root}.stderr", "a") as err:  # (every start's, kept: what a start that ended said)
+        return subprocess.Popen([sys.executable, "-m", "sessionlog_store", "serve", "--root", root, "--port", "0",
+                                 "--token", TOKEN, "--agent-speed", "200", "--log-level", "WARNING"],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
 
 
-def wait_serving(proc: subprocess.Popen[str]) -> int:
+def wait_serving(proc: subprocess.Popen[str], root: str) -> int:
     assert proc.stdout is not None
     while True:
         line = proc.stdout.readline()
-        assert line, "the server ended before serving"
+        if not line:
+            with open(f"{root}.stderr") as err:
+                said = err.read()[-3000:]
+            raise AssertionError(f"the server ended before serving (exit {proc.wait(30)}); its stderr ends:\n{said}")
         if "serving http://" in line:
             return int(re.search(r"http://[^/]+:(\d+)/", line).group(1))  # type: ignore[union-attr]
 
@@ -96,7 +100,7 @@ def test_kill_minus_nine_torture(tmp_path):
                 time.sleep(rng.uniform(0.0, 0.4))
                 during_recovery += 1
             else:
-                port = wait_serving(proc)
+                port = wait_serving(proc, root)
                 recoveries.append(time.monotonic() - t0)
                 trio.run(load, port, rng.uniform(0.1, 0.6), rng, acked)
         finally:
@@ -106,7 +110,7 @@ def test_kill_minus_nine_torture(tmp_path):
     # A last, clean start: everything acknowledged, nothing running.
     proc = spawn(root)
     try:
-        port = wait_serving(proc)
+        port = wait_serving(proc, root)
 
         async def final() -> None:
             async with open_client("127.0.0.1", port, TOKEN) as c:
