@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from sessionlog_store.eventstore import SyncMode
+from sessionlog_store.eventstore.local.commit import JOURNAL_SYNC_INTERVAL, LOG_WRITE_INTERVAL
 from sessionlog_store.projections.maintenance import MaintenanceConfig
 from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, STALL_TIMEOUT
 
@@ -24,9 +25,9 @@ class StoreConfig:
     stall_timeout: float = STALL_TIMEOUT
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     sync_mode: SyncMode = "journal"       # see eventstore/local/commit.py and journal.py
-    journal_sync_interval: float = 1.0    # logs synced and journal segments removed this often
-    log_write_interval: float = 1.0       # an acknowledged record waits in the journal at most this long for
-                                          # the next ones before its log is written (eventstore/local/logwriter.py)
+    journal_sync_interval: float = JOURNAL_SYNC_INTERVAL  # logs synced and journal segments removed this often
+    log_write_interval: float = LOG_WRITE_INTERVAL        # an acknowledged record waits in the journal at most this long for
+                                                          # the next ones before its log is written (logwriter.py)
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     # Folders projects may lie under (() : the home directory only).
     project_roots: tuple[str, ...] = ()
