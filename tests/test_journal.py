@@ -313,6 +313,86 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
         assert (await store.load_session(meta.id)).messages[mid].content == "acknowledged"
 
 
+async def test_a_failed_log_write_puts_its_lines_back_before_those_queued_during_it(root):
+    """A log write that fails leaves its lines pending again, before the same
+    session's lines queued while it was in flight and with the sessions in
+    the order their oldest lines came (the written position counts on it;
+    a reader's session was taken from the middle): reads after the failure
+    get every acknowledged record in order, and a restart writes them back."""
+    import errno
+    import threading
+
+    from sessionlog_store.eventstore.errors import StoreBroken
+    from sessionlog_store.eventstore.local.fsio import FileOps
+
+    class GatedFail(FileOps):
+        target = ""
+        entered, release = threading.Event(), threading.Event()
+
+        def open_append(self, path):  # type: ignore[no-untyped-def]
+            fd = super().open_append(path)
+            if self.target and path.endswith(self.target):
+                self.bad = fd
+            return fd
+
+        def write(self, fd, data):  # type: ignore[no-untyped-def]
+            if self.target and fd == getattr(self, "bad", None):
+                self.entered.set()
+                self.release.wait(60)
+                raise OSError(errno.EIO, "injected EIO")
+            super().write(fd, data)
+
+    async def read_s1(es) -> None:  # type: ignore[no-untyped-def]
+        with pytest.raises(StoreBroken):
+            await es.flush("s1")
+
+    fs = GatedFail()
+    with trio.fail_after(60):  # (a hang guard)
+        async with open_event_store(root, fs=fs, journal_sync_interval=3600, log_write_interval=3600) as es:
+            for sid in ("s0", "s1"):
+                await es.create(sid, [SessionCreated(session_id=sid, created_at=1.0)])
+            await es.append("s0", SessionRenamed(title="older, lingering"))
+            fs.target = os.path.join("s1", "log.jsonl")
+            await es.append("s1", SessionRenamed(title="A"))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_s1, es)  # wants s1 written now: taken from behind s0
+                await trio.to_thread.run_sync(fs.entered.wait, 60)
+                await es.append("s1", SessionRenamed(title="B"))  # acknowledged while A's write is in flight
+                assert list(es.writer.pending) == ["s0", "s1"] and es.writer.writing is not None
+                fs.release.set()
+            assert list(es.writer.pending) == ["s0", "s1"], "the sessions in the order their oldest lines came"
+            assert [r.event.title for r in scan("s1", await es.log_bytes("s1")).records[1:]] == ["A", "B"]
+            assert es.written_seq("s0") == 1 and es.broken is not None
+    async with open_event_store(root):  # (its start writes back what the logs lack)
+        pass
+    assert [r.event.title for r in scan("s1", read_log(OS_FILES, root, "s1")).records[1:]] == ["A", "B"]
+    assert [r.event.title for r in scan("s0", read_log(OS_FILES, root, "s0")).records[1:]] == ["older, lingering"]
+
+
+async def test_loading_a_session_writes_its_log_and_leaves_the_others_lingering(root):
+    """A page opening a session not in memory reads its log: the writer
+    writes that log at once and nothing else (a store-wide flush wrote every
+    running reply's lines in one burst at each such read)."""
+    from sessionlog_store.server.config import StoreConfig
+    from sessionlog_store.server.stores import open_session_store
+    cfg = StoreConfig(log_write_interval=3600, checkpoint_interval=3600, snapshot_interval=3600)
+    async with open_session_store(root, config=cfg) as store:
+        running, _ = await store.create_session(first_message="streams")
+        cold, _ = await store.create_session(first_message="opened again")
+        mid = await store.append_message(cold.id, "acknowledged, lingering")
+        async with store.inflight(running.id) as msg:
+            msg.write("word ")
+            store.saver.flush(msg)
+            await store.es.wait_durable(running.id, store.es.last_seq(running.id))
+            store.states.clear()  # (not in memory: read from its log)
+            with trio.fail_after(30):  # (a hang guard: the linger is an hour)
+                state = await store.load_session(cold.id)
+            assert state.messages[mid].content == "acknowledged, lingering"
+            assert cold.id not in store.es.writer.pending
+            assert running.id in store.es.writer.pending, "the running reply's lines linger on"
+            assert store.es.written_seq(running.id) < store.es.durable_seq(running.id)
+
+
 def test_verify_lists_a_kept_damaged_journal(tmp_path):
     from sessionlog_store.projections.rebuild import verify
 
@@ -331,9 +411,10 @@ def test_verify_lists_a_kept_damaged_journal(tmp_path):
 async def test_the_log_writer_lingers_and_a_reader_never_waits_for_it(root):
     """Issue 29: acknowledged lines wait in the journal for the next
     batches' (one log write a second for a running reply, not four). A
-    read says which batch it needs and the writer writes up to there at
-    once, whether that batch is queued, committing or still filling; a
-    clean stop writes what lingers and removes the journal."""
+    read of a session says which of its records it needs and the writer
+    writes that log at once, whether its last line is queued, committing or
+    still filling, and only that log: the others linger on; a clean stop
+    writes what lingers and removes the journal."""
     with trio.fail_after(60):  # (a hang guard: a stop that did not end the linger would wait the hour)
         await _linger_then_read(root)
     assert read_log(OS_FILES, root, "s2").count(b"\n") == 3
@@ -354,6 +435,9 @@ async def _linger_then_read(root: str) -> None:
             records = await es.read("s1")
         assert [r.event.title for r in records[1:]] == ["acknowledged", "still filling"]
         assert read_log(OS_FILES, root, "s1").count(b"\n") == 3 and es.written_seq("s1") == 3
+        assert "s2" in es.writer.pending and es.written_seq("s2") == 1, "a read of s1 leaves s2's line lingering"
+        assert read_log(OS_FILES, root, "s2").count(b"\n") == 1
+        assert not es.writer.wanted, "nothing wanted once the read has its records"
         await es.append("s2", SessionRenamed(title="pending at the stop"))  # (lingers: the stop must write it)
 
 

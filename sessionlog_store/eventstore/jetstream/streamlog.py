@@ -271,7 +271,12 @@ class JetStreamLog:
             self.check_open()
             await self._durable.wait()
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
+        if session_id is not None:  # (one session's records: what a reader of it needs)
+            one = self._sessions.get(session_id)
+            if one is not None and not one.deleted:
+                await self.wait_durable(session_id, one.last_seq)
+            return
         for sid, sess in list(self._sessions.items()):
             if not sess.deleted:
                 await self.wait_durable(sid, sess.last_seq)

@@ -30,8 +30,8 @@ whatever the number of sessions in it).
 
 In the journal mode the batch's waiters wake when the journal's fdatasync
 returns. `flush()` waits until everything appended is durable *and* in its
-log: every reader of a log (load, resume, the background check, `remove()`)
-calls it first. `durable_seq` is what is acknowledged;
+log; `flush(session_id)`, one session's records: every reader of a log
+(load, resume, a log stream, `remove()`) calls it first for that log. `durable_seq` is what is acknowledged;
 `written_seq`/`durable_end` what a reader of the file finds (checkpoints
 record those). In the direct modes both move together.
 
@@ -254,7 +254,7 @@ class EventStore:
         self._check_open()
         sess = self._session(session_id)
         if sess.written_seq < sess.last_seq:
-            await self.flush()  # durable, and no line of it waits to be written
+            await self.flush(session_id)  # durable, and no line of it waits to be written
         if self.journal and not sess.deleted and self.rounds.holds(session_id):
             # Removed without a tombstone (a damaged log) while the journal
             # holds records of it: a marker tells recovery those records have
@@ -286,7 +286,7 @@ class EventStore:
         """The session's acknowledged records with seq > `after_seq`, in order
         (what a reader of the log finds once everything appended is in it)."""
         sess = self._session(session_id)
-        await self.flush()
+        await self.flush(session_id)
         if sess.corrupt is not None:
             raise SessionReadOnly(f"session {session_id} is quarantined (damaged log); repair it first")
         data = await trio.to_thread.run_sync(read_log, self.fs, self.root, session_id)
@@ -466,16 +466,23 @@ class EventStore:
         elif self._broken is not None:
             self._check_open()
 
-    async def flush(self, *, hurry: bool = True) -> None:
+    async def flush(self, session_id: str | None = None, *, hurry: bool = True) -> None:
         """Wait until everything appended so far is durable and in its log
-        file (what a reader of the logs needs). `hurry` False: without
-        ending the log writer's linger (a checkpoint, which can wait).
+        file (what a reader of the logs needs); with `session_id`, only that
+        session's records (what a reader of its log needs: the writer writes
+        it now and the other sessions' lines linger on). `hurry` False:
+        without ending the log writer's linger (a checkpoint, which can wait).
 
         Batches are numbered as they are committed and written in order: the
         filling batch, if it holds anything, becomes the next number; else
         the last number given is the newest that holds a record appended
         before this call.
         """
+        if session_id is not None:
+            sess = self._sessions.get(session_id)
+            if sess is not None:  # (unknown here: nothing of it waits to be written)
+                await self._flush_session(sess, session_id)
+            return
         b = self._batch
         target = self._batch_no + (1 if b.lines or b.births else 0)
         while True:
@@ -490,6 +497,20 @@ class EventStore:
                 return
             if hurry:
                 self.writer.want(target)
+            await self.writer.written.wait()
+
+    async def _flush_session(self, sess: LogState, session_id: str) -> None:
+        """`flush` for one session: its records appended so far in its log."""
+        target = sess.last_seq
+        while True:
+            if self._broken is not None:
+                # As in flush(): what was acknowledged still goes in, then say so.
+                if sess.written_seq >= min(target, sess.durable_seq) or self.writer.done:
+                    self._check_open()
+            elif sess.written_seq >= target:
+                return
+            if self.journal:  # (the direct modes write a batch's logs before acknowledging it)
+                self.writer.want_session(session_id, target)
             await self.writer.written.wait()
 
     # -- the committer ----------------------------------------------------

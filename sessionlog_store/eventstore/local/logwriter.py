@@ -26,9 +26,11 @@ the records (writing everything queued once a second instead held every
 thread's turn at the GIL for a burst of 10,000 writes: p99 3x at 10,000
 streams). Nothing is less safe for it: the records are in the journal, a
 round trims the journal only up to `written_no`, and a start writes back
-what a log lacks. A reader never waits for the linger: `flush()` says which
-batch it needs (`want`), and the writer then writes everything pending at
-once; the stop ends the linger too.
+what a log lacks. A reader never waits for the linger: a reader of one
+log says which session it needs (`want_session`), and the writer writes that
+session's pending lines at once, the others lingering on; a store-wide
+`flush()` says which batch it needs (`want`), and the writer then writes
+everything pending; the stop ends the linger too.
 
 A failed write is fatal, as a failed sync: the store breaks, and the lines
 not written stay pending. They are in the journal (the next start writes
@@ -76,6 +78,7 @@ class LogWriter:
         self.pending: OrderedDict[str, Pending] = OrderedDict()
         self.writing: dict[str, Pending] | None = None  # the sessions being written
         self.wanted_no = 0             # a flush waits for the logs up to this batch: no linger up to it
+        self.wanted: dict[str, int] = {}  # session -> the seq a reader of its log waits for (no linger for it)
         self.wake = trio.Event()
         self._hurry = trio.Event()     # set when the linger should end (wanted_no moved, the committer ended)
         self.written = trio.Event()    # set (and replaced) each time written_no moves
@@ -96,13 +99,20 @@ class LogWriter:
         if not pending and self.writing is None:  # (a batch of birth markers only, nothing else to write)
             self._count_off()
         self.wake.set()
-        if batch.no <= self.wanted_no:
+        if batch.no <= self.wanted_no or self.wanted:
             self._hurry.set()
 
     def want(self, no: int) -> None:
         """A reader waits for batch `no` to be in the logs: no linger up to it."""
         if no > self.wanted_no:
             self.wanted_no = no
+            self._hurry.set()
+
+    def want_session(self, session_id: str, seq: int) -> None:
+        """A reader of one log waits for its records up to `seq`: no linger
+        for that session (the others linger on) until they are written."""
+        if seq > self.wanted.get(session_id, 0):
+            self.wanted[session_id] = seq
             self._hurry.set()
 
     def committer_ended(self) -> None:
@@ -143,7 +153,7 @@ class LogWriter:
             self.pending = OrderedDict()
             return pending
         now, interval = trio.current_time(), self.interval
-        take = {}
+        take = {sid: pending.pop(sid) for sid in self.wanted if sid in pending}  # (from anywhere in it)
         while pending:
             sid, p = next(iter(pending.items()))
             if p.since + interval > now:
@@ -160,12 +170,14 @@ class LogWriter:
             await self._hurry.wait()
 
     def _written(self, take: dict[str, Pending]) -> None:
-        sessions = self.sessions
+        sessions, wanted = self.sessions, self.wanted
         for sid, p in take.items():
             sess = sessions.get(sid)
             if sess is not None:
                 sess.written_seq = p.last.last_seq[sid]
                 sess.written_end += sum(map(len, p.lines))
+            if wanted and sid in wanted and (sess is None or sess.written_seq >= wanted[sid]):
+                del wanted[sid]
         self._count_off()
 
     def _count_off(self) -> None:
@@ -180,16 +192,18 @@ class LogWriter:
         self.tell_waiters()
 
     def _put_back(self, take: dict[str, Pending]) -> None:
-        """A failed write: its lines are pending again, before any that came since."""
-        pending = OrderedDict(take)
+        """A failed write: its lines are pending again, before any of the same
+        session that came since, and the sessions again in the order their
+        oldest lines came (a wanted one was taken from anywhere)."""
+        merged = dict(take)
         for sid, p in self.pending.items():
-            q = pending.get(sid)
+            q = merged.get(sid)
             if q is None:
-                pending[sid] = p
+                merged[sid] = p
             else:
                 q.lines += p.lines
                 q.last = p.last
-        self.pending = pending
+        self.pending = OrderedDict(sorted(merged.items(), key=lambda item: item[1].first_no))
 
     async def run(self) -> None:
         try:

@@ -36,7 +36,7 @@ class LocalKeeper:
     # -- reads ----------------------------------------------------------------
 
     async def read_state(self, sid: str) -> SessionState:
-        await self._flush_for_read()
+        await self._flush_for_read(sid)
         state, _ = await trio.to_thread.run_sync(load_session_state, self.fs, self.root, sid)
         # After a failed log write, acknowledged records that only the journal
         # holds (until a restart writes them back) are folded in from memory.
@@ -50,14 +50,15 @@ class LocalKeeper:
         return state
 
     async def log_bytes(self, sid: str) -> bytes:
-        await self._flush_for_read()
+        await self._flush_for_read(sid)
         return await self.es.log_bytes(sid)
 
-    async def _flush_for_read(self) -> None:
-        """Before a read of a log: everything appended so far is in the file.
-        Reads keep working after a write failure: they read what the log holds."""
+    async def _flush_for_read(self, sid: str) -> None:
+        """Before a read of a log: everything appended to it so far is in the
+        file (the other logs' lines linger on). Reads keep working after a
+        write failure: they read what the log holds."""
         try:
-            await self.es.flush()
+            await self.es.flush(sid)
         except StoreBroken:
             pass
 

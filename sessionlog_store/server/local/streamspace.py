@@ -55,7 +55,7 @@ async def stream_log_bytes(space: StreamSpace, log_id: str) -> bytes:
     """A stream's log as it stands (what only the journal holds included)."""
     es = space.es
     assert isinstance(es, EventStore)
-    await es.flush()
+    await es.flush(log_id)
     return await es.log_bytes(log_id)
 
 

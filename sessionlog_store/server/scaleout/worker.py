@@ -327,7 +327,7 @@ class Worker:
 
     async def _from_snapshot(self, sid: str, objects: StreamObjects) -> SessionState | None:
         es = self.es
-        await es.flush()  # (what this worker appended is in what is read)
+        await es.flush(sid)  # (what this worker appended to it is in what is read)
         try:
             stored = await objects.get(snapshot_name(sid))
             if stored is None:
