@@ -356,10 +356,12 @@ async def test_a_failed_log_write_puts_its_lines_back_before_those_queued_during
             await es.append("s1", SessionRenamed(title="A"))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read_s1, es)  # wants s1 written now: taken from behind s0
-                await trio.to_thread.run_sync(fs.entered.wait, 60)
-                await es.append("s1", SessionRenamed(title="B"))  # acknowledged while A's write is in flight
-                assert list(es.writer.pending) == ["s0", "s1"] and es.writer.writing is not None
-                fs.release.set()
+                try:
+                    await trio.to_thread.run_sync(fs.entered.wait, 60)
+                    await es.append("s1", SessionRenamed(title="B"))  # acknowledged while A's write is in flight
+                    assert list(es.writer.pending) == ["s0", "s1"] and es.writer.writing is not None
+                finally:
+                    fs.release.set()
             assert list(es.writer.pending) == ["s0", "s1"], "the sessions in the order their oldest lines came"
             assert [r.event.title for r in scan("s1", await es.log_bytes("s1")).records[1:]] == ["A", "B"]
             assert es.written_seq("s0") == 1 and es.broken is not None
@@ -391,6 +393,54 @@ async def test_loading_a_session_writes_its_log_and_leaves_the_others_lingering(
             assert cold.id not in store.es.writer.pending
             assert running.id in store.es.writer.pending, "the running reply's lines linger on"
             assert store.es.written_seq(running.id) < store.es.durable_seq(running.id)
+
+
+async def test_a_batch_of_birth_markers_only_does_not_count_off_a_write_in_flight(root):
+    """A batch with no lines (a session created again under the id of a
+    deleted one whose records the journal holds: only a birth marker) is
+    counted off at once, unless a write is in flight: its lines are in no
+    log yet, and a round trusting the written position would remove their
+    segment."""
+    import threading
+
+    from sessionlog_store.eventstore.local.fsio import FileOps
+
+    class Gated(FileOps):
+        target = ""
+        entered, release = threading.Event(), threading.Event()
+
+        def open_append(self, path):  # type: ignore[no-untyped-def]
+            fd = super().open_append(path)
+            if self.target and path.endswith(self.target):
+                self.gated = fd
+            return fd
+
+        def write(self, fd, data):  # type: ignore[no-untyped-def]
+            if self.target and fd == getattr(self, "gated", None):
+                self.entered.set()
+                self.release.wait(60)
+            super().write(fd, data)
+
+    fs = Gated()
+    with trio.fail_after(60):  # (a hang guard)
+        async with open_event_store(root, fs=fs, journal_sync_interval=3600, log_write_interval=3600) as es:
+            for sid in ("s0", "x"):
+                await es.create(sid, [SessionCreated(session_id=sid, created_at=1.0)])
+            await es.append("x", SessionDeleted())
+            await es.remove("x")  # (its records stay in the journal until a round)
+            fs.target = os.path.join("s0", "log.jsonl")
+            await es.append("s0", SessionRenamed(title="in flight"))
+            s0_batch = es._committed_no
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(es.flush, "s0")
+                try:
+                    await trio.to_thread.run_sync(fs.entered.wait, 60)
+                    await es.create("x", [SessionCreated(session_id="x", created_at=2.0)])  # a birth marker only
+                    assert es._committed_no > s0_batch and es.writer.writing is not None
+                    assert es.writer.written_no < s0_batch, "the line being written is in no log yet"
+                finally:
+                    fs.release.set()
+            assert es.writer.written_no == es._committed_no and es.written_seq("s0") == 2
 
 
 def test_verify_lists_a_kept_damaged_journal(tmp_path):
