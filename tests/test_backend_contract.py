@@ -172,6 +172,24 @@ class TestJetStreamLog(EventLogContract):
         log.reset_listeners.append(reset)
         return seen
 
+    async def test_a_session_whose_appends_are_refused_fails_only_its_own_reads(self, tmp_path):
+        """A session whose rebase failed refuses its appends (`_refuse`, forced
+        here: provoking it takes a delete racing a conflict). A read of another
+        session, and a store-wide flush (a stop's checkpoint), go on; a read
+        of it says why."""
+        async with self.open_log(str(tmp_path)) as log:
+            for sid in ("a", "b"):
+                await log.create(sid, [born(sid)])
+            await log.append_many("a", [SessionRenamed(title="readable")])
+            log.append_nowait("b", SessionRenamed(title="never durable"))
+            log._refuse("b", UnknownSession("b"))  # type: ignore[attr-defined]
+            with trio.fail_after(30):
+                assert [r.event for r in await log.read("a")][1:] == [SessionRenamed(title="readable")]
+                await log.flush()
+                with pytest.raises(UnknownSession):
+                    await log.read("b")
+
+
     async def test_two_writers_of_one_session_both_land_in_one_order(self, tmp_path):
         """Two workers (two logs on one stream) append to one session at
         once: the fence refuses one publish at a time, its writer reads the

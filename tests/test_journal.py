@@ -315,10 +315,11 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
 
 async def test_a_failed_log_write_puts_its_lines_back_before_those_queued_during_it(root):
     """A log write that fails leaves its lines pending again, before the same
-    session's lines queued while it was in flight and with the sessions in
-    the order their oldest lines came (the written position counts on it;
-    a reader's session was taken from the middle): reads after the failure
-    get every acknowledged record in order, and a restart writes them back."""
+    session's lines queued while it was in flight: reads after the failure
+    get every acknowledged record in order, and a restart writes them back.
+    The sessions go back in the order their oldest lines came (a reader's
+    was taken from the middle): defensive, as the writer ends after a
+    failure and the written position is not worked out again today."""
     import errno
     import threading
 
@@ -363,6 +364,7 @@ async def test_a_failed_log_write_puts_its_lines_back_before_those_queued_during
                 finally:
                     fs.release.set()
             assert list(es.writer.pending) == ["s0", "s1"], "the sessions in the order their oldest lines came"
+            assert es.writer.done
             assert [r.event.title for r in scan("s1", await es.log_bytes("s1")).records[1:]] == ["A", "B"]
             assert es.written_seq("s0") == 1 and es.broken is not None
     async with open_event_store(root):  # (its start writes back what the logs lack)
@@ -462,8 +464,8 @@ async def test_the_log_writer_lingers_and_a_reader_never_waits_for_it(root):
     """Issue 29: acknowledged lines wait in the journal for the next
     batches' (one log write a second for a running reply, not four). A
     read of a session says which of its records it needs and the writer
-    writes that log at once, whether its last line is queued, committing or
-    still filling, and only that log: the others linger on; a clean stop
+    writes that log at once, whether its last line is queued or still
+    filling, and only that log: the others linger on; a clean stop
     writes what lingers and removes the journal."""
     with trio.fail_after(60):  # (a hang guard: a stop that did not end the linger would wait the hour)
         await _linger_then_read(root)

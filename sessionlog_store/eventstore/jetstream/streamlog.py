@@ -279,7 +279,12 @@ class JetStreamLog:
             return
         for sid, sess in list(self._sessions.items()):
             if not sess.deleted:
-                await self.wait_durable(sid, sess.last_seq)
+                try:
+                    await self.wait_durable(sid, sess.last_seq)
+                except (StoreBroken, StoreClosed):
+                    raise
+                except EventStoreError:  # refused (its rebase failed): nothing more of it will be durable
+                    continue
 
     async def _commit(self) -> None:
         """The committer: one crossing and one pipelined publish a batch."""
@@ -547,7 +552,7 @@ class JetStreamLog:
         writer and purged before the tail brought its tombstone: it is
         forgotten (the reset listeners told) and UnknownSession."""
         sess = self._session(session_id)
-        await self.flush()
+        await self.flush(session_id)  # (its own appends: another session's refusal is not this read's)
         data, _, _ = await self._messages(session_id)
         if not data and not sess.pending and self._sessions.get(session_id) is sess:
             sess.deleted = True

@@ -470,8 +470,9 @@ class EventStore:
         """Wait until everything appended so far is durable and in its log
         file (what a reader of the logs needs); with `session_id`, only that
         session's records (what a reader of its log needs: the writer writes
-        it now and the other sessions' lines linger on). `hurry` False:
-        without ending the log writer's linger (a checkpoint, which can wait).
+        it now, always, and the other sessions' lines linger on). `hurry`
+        False (store-wide only): without ending the log writer's linger (a
+        checkpoint, which can wait).
 
         Batches are numbered as they are committed and written in order: the
         filling batch, if it holds anything, becomes the next number; else

@@ -13,9 +13,9 @@ sequential file instead:
    current segment and fdatasyncs the segment: from here the batch's records
    are durable and may be acknowledged.
 2. The log writer then writes each session's new lines to that session's
-   `log.jsonl` (page cache, no sync); a reader of a log (load, resume, the
-   background check) first waits for the lines appended before it
-   (`flush()`), so it sees every acknowledged record. The writer lingers
+   `log.jsonl` (page cache, no sync); a reader of a log (load, resume, a
+   log stream, a delete) first waits for that session's lines appended
+   before it (`flush(session_id)`), so it sees every acknowledged record. The writer lingers
    (logwriter.py): a session's lines wait until its oldest has waited
    `log_write_interval` (1 s), unless a reader wants them; so a tool reading the files of a
    running store (`inspect`, `jq`) may be about a second behind; after a

@@ -193,8 +193,10 @@ class LogWriter:
 
     def _put_back(self, take: dict[str, Pending]) -> None:
         """A failed write: its lines are pending again, before any of the same
-        session that came since, and the sessions again in the order their
-        oldest lines came (a wanted one was taken from anywhere)."""
+        session that came since (`unwritten` hands them to readers in
+        order), and the sessions again in the order their oldest lines came
+        (a wanted one was taken from anywhere; defensive: the writer ends
+        after a failure, so `written_no` is not worked out from them again)."""
         merged = dict(take)
         for sid, p in self.pending.items():
             q = merged.get(sid)
