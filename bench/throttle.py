@@ -264,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--per-task", action="store_true", help="one sleeping task per producer")
     ap.add_argument("--modes", default="journal,sqlite",
-                    help="comma-separated sync_mode[/slots] to run, e.g. journal,journal/1,auto/1; the first "
-                         "is judged, `sqlite` is the same store on SQLite (the fair baseline, bench/sqlite_store.py)")
+                    help="comma-separated sync_mode[/slots][:batch] to run, e.g. journal,journal/1,auto/1,journal:0 "
+                         "(batch: StoreConfig.progress_batch, 0: the saver wakes for every slot); the first is "
+                         "judged, `sqlite` is the same store on SQLite (the fair baseline, bench/sqlite_store.py)")
     ap.add_argument("--profile", action="store_true",
                     help="profile the runs with pyinstrument (pip install pyinstrument) and print where the time goes")
     ap.add_argument("--ab", metavar="REV", default=None,
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
         for spec in a.modes.split(","):
+            spec, _, batch = spec.partition(":")  # (`:B`: StoreConfig.progress_batch, the saver's grouping)
             sync_mode, _, slots = spec.partition("/")
             for n in counts:
                 rs = []
@@ -304,9 +306,12 @@ def main(argv: list[str] | None = None) -> int:
                         prof.start()
                     extra = {} if sync_mode == "sqlite" else {
                         **({} if a.round_interval is None else {"journal_sync_interval": a.round_interval}),
-                        **({} if a.log_write_interval is None else {"log_write_interval": a.log_write_interval})}
+                        **({} if a.log_write_interval is None else {"log_write_interval": a.log_write_interval}),
+                        **({} if not batch else {"progress_batch": int(batch)})}
                     rs.append(trio.run(partial(run_streams, extra=extra), root, n, seconds, a.per_task, sync_mode,
                                        int(slots) if slots else None))
+                    if batch:
+                        rs[-1]["mode"] += f":{batch}"
                     if a.profile:
                         prof.stop()
                         print(prof.output_text(unicode=False, color=False, show_all=False))

@@ -242,11 +242,30 @@ async def test_a_subscriber_that_falls_behind_is_dropped_not_waited_for(store):
     assert (await store.load_session(meta.id)).messages[msg.msg_id].content == "x" * (SUBSCRIBER_QUEUE + 5)
 
 
-async def test_a_spread_saver_keeps_one_record_per_interval_per_message(root, autojump_clock):
+def test_the_saver_groups_its_slots_while_few_messages_run():
+    """A wake-up flushes a group of slots (a divisor of them, so each slot
+    keeps its phase) whose running messages number at most the target: from
+    10,000 streams on 20 slots (500 a slot) every slot is its own wake-up."""
+    from sessionlog_store.server.domain.inflight import ThrottledSaver
+    saver = ThrottledSaver(None, slots=20, batch_target=500)  # type: ignore[arg-type]
+    groups = {}
+    for running in (20000, 10000, 7500, 5000, 3000, 2500, 1000, 100, 0):
+        saver.active = {(str(k), "m"): None for k in range(running)}  # type: ignore[misc]
+        groups[running] = saver.group()
+    assert groups == {20000: 1, 10000: 1, 7500: 1, 5000: 2, 3000: 2, 2500: 4, 1000: 10, 100: 20, 0: 20}
+    saver.batch_target = 0
+    assert saver.group() == 1
+
+
+@pytest.mark.parametrize("batch", [500, 0])
+async def test_a_spread_saver_keeps_one_record_per_interval_per_message(root, autojump_clock, batch):
     """With the interval cut into slots, each message keeps its own phase:
-    still about one record per interval each, never more than one behind."""
+    still about one record per interval each, never more than one behind.
+    While few messages run, the saver wakes once for a group of slots (here
+    all 50: each wake-up of the process costs CPU), one per slot with
+    `progress_batch` 0; the records are the same."""
     from sessionlog_store.server.config import StoreConfig
-    async with open_session_store(root, config=StoreConfig(progress_slots=50)) as store:
+    async with open_session_store(root, config=StoreConfig(progress_slots=50, progress_batch=batch)) as store:
         metas = [(await store.create_session(first_message=f"go {k}"))[0] for k in range(5)]
         async with trio.open_nursery() as n:
             async def produce(sid: str) -> None:
@@ -257,6 +276,8 @@ async def test_a_spread_saver_keeps_one_record_per_interval_per_message(root, au
             for m in metas:
                 n.start_soon(produce, m.id)
         assert store.saver.late_ticks == 0
+        intervals = store.saver.ticks / 50
+        assert store.saver.wakes == pytest.approx(intervals if batch == 500 else intervals * 50, abs=2)
     for m in metas:
         progress = [r for r in records(root, m.id) if isinstance(r.event, MessageProgress)]
         assert 38 <= len(progress) <= 42, len(progress)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from sessionlog_store.eventstore import SyncMode
 from sessionlog_store.eventstore.local.commit import JOURNAL_SYNC_INTERVAL, LOG_WRITE_INTERVAL
 from sessionlog_store.projections.maintenance import MaintenanceConfig
-from sessionlog_store.server.domain.inflight import PROGRESS_INTERVAL, STALL_TIMEOUT
+from sessionlog_store.server.domain.inflight import BATCH_TARGET, PROGRESS_INTERVAL, STALL_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class StoreConfig:
     progress_interval: float = PROGRESS_INTERVAL
     progress_slots: int | None = None     # phases of the saver's interval (None: SLOTS with the journal, else 1;
                                           # see server/domain/inflight.py SLOTS)
+    progress_batch: int = BATCH_TARGET    # the saver wakes for several slots while a slot holds fewer running
+                                          # messages than this (inflight.py BATCH_TARGET; 0: a wake-up per slot)
     stall_timeout: float = STALL_TIMEOUT
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     sync_mode: SyncMode = "journal"       # see eventstore/local/commit.py and journal.py

@@ -13,7 +13,8 @@ With `slots` > 1 each message has its own phase: messages are spread over
 the slots of the interval (round robin as they start), and the saver wakes
 once per slot for the dirty messages of that slot only (with 50 slots and
 10,000 streams, ~200 records per wake-up instead of one burst of 10,000 per
-tick). See SLOTS for why the default is one slot.
+tick). While few messages run it wakes once for a group of slots
+(BATCH_TARGET). See SLOTS for why the direct modes use one slot.
 """
 from __future__ import annotations
 
@@ -46,6 +47,17 @@ PROGRESS_INTERVAL: Final = 0.250
 # syncfs's per-file cost (5,000 streams, 50 slots: p99 945 ms against 234 ms
 # with one slot): the store uses one slot there (StoreConfig.progress_slots).
 SLOTS: Final = 20
+# The saver wakes for several slots at once (a group: a divisor of the slots)
+# while a slot holds fewer than this many running messages, so a commit batch
+# holds about this many records: each wake-up of the trio thread costs ~0.25
+# ms of CPU on a 2-core VM (its caches cold after the sleep), and a batch
+# several more (the journal's and the log writer's thread hand-offs), a fixed
+# cost that 80 batches a second made 5-10 us of every record at 1,000-5,000
+# streams (bench/README.md, issue 29 sixth round). From 10,000 streams
+# (n/20 >= 500) every slot is its own wake-up, as before. Each message is
+# still flushed once an interval: a group's slots are flushed when the last
+# of them is due (never early; at most a group's length late, every time).
+BATCH_TARGET: Final = 500
 # spec/inflight-state.md: a running message silent this long is stalled.
 STALL_TIMEOUT: Final = 300.0
 # A producer may write any amount within one interval: its pending text goes
@@ -176,10 +188,12 @@ class ThrottledSaver:
     """One ticking task for every in-flight message of a store."""
 
     def __init__(self, es: EventStore, interval: float = PROGRESS_INTERVAL,
-                 stall_timeout: float = STALL_TIMEOUT, slots: int = SLOTS) -> None:
+                 stall_timeout: float = STALL_TIMEOUT, slots: int = SLOTS, batch_target: int = BATCH_TARGET) -> None:
         self.es = es
         self.interval = interval
         self.stall_timeout = stall_timeout
+        self.batch_target = batch_target  # group slots while a slot holds fewer running messages (BATCH_TARGET)
+        self.wakes = 0  # the saver's wake-ups (a slot, or a group of them)
         # Dirty messages, per slot of the interval (insertion-ordered sets).
         self.slots: list[dict[InflightMessage, None]] = [{} for _ in range(max(1, slots))]
         self._next_slot = 0
@@ -216,12 +230,15 @@ class ThrottledSaver:
         msg._dirty.pop(msg, None)
         self._queue(msg)
 
-    def flush_slot(self, k: int) -> None:
-        """The slot's dirty messages' progress records, in one append of them
-        all (issue 29: per tick, not per record: one clock reading, one wake)."""
-        slot = self.slots[k]  # cleared in place: each message keeps a reference to its slot
-        dirty = list(slot)
-        slot.clear()
+    def flush_slot(self, *ks: int) -> None:
+        """The slots' dirty messages' progress records, in one append of them
+        all (issue 29: per wake-up, not per record: one clock reading, one
+        batch)."""
+        dirty: list[InflightMessage] = []
+        for k in ks:
+            slot = self.slots[k]  # cleared in place: each message keeps a reference to its slot
+            dirty += slot
+            slot.clear()
         items: list[tuple[str, list[MessageProgress]]] = []
         owners: list[InflightMessage] = []
         now = trio.current_time()
@@ -322,8 +339,23 @@ class ThrottledSaver:
                 msg.abort_reason = msg.abort_reason or "stalled"
                 msg.scope.cancel()
 
+    def group(self) -> int:
+        """How many slots a wake-up flushes: the largest divisor of the slots
+        whose messages number at most `batch_target` (1 at least; 1 with a
+        target of 0)."""
+        n = len(self.slots)
+        running = len(self.active)
+        best = 1
+        if self.batch_target <= 0:
+            return best
+        for g in range(2, n + 1):
+            if n % g == 0 and g * running <= self.batch_target * n:
+                best = g
+        return best
+
     async def run(self) -> None:
-        """Forever: wake once per slot and flush that slot's dirty messages.
+        """Forever: wake once per slot, or per group of slots (`group`), and
+        flush the dirty messages of every slot due by then, in one append.
         A wake-up that comes late flushes every slot it passed. `ticks` counts
         slot flushes, `late_ticks` those that came more than one interval
         after they were due (their messages were that far behind)."""
@@ -339,19 +371,26 @@ class ThrottledSaver:
                 self._work = trio.Event()
                 await self._work.wait()
                 start, done = trio.current_time(), 0
-            await trio.sleep_until(start + (done + 1) * step)
+            g = self.group()
+            wake_at = (done // g + 1) * g  # the next group's last slot (groups start at multiples of g)
+            await trio.sleep_until(start + wake_at * step)
+            self.wakes += 1
             now = trio.current_time()
-            due = max(done + 1, int((now - start) / step + 1e-6))  # woken: at least the slot it slept for
+            due = max(wake_at, int((now - start) / step + 1e-6))  # woken: at least the slots it slept for
             if due - done > n:  # fell behind: flush each slot once, no burst of catching up
                 skipped = due - done - n
                 self.ticks += skipped
                 self.late_ticks += skipped
                 done = due - n
+            ks = []
+            stall_check = False
             while done < due:
                 done += 1
                 self.ticks += 1
                 if now - (start + done * step) > self.interval:
                     self.late_ticks += 1  # this slot's messages are more than one interval behind
-                self.flush_slot(done % n)
-                if self.ticks % stall_every == 0 and self.active:
-                    self.check_stalled()
+                ks.append(done % n)
+                stall_check = stall_check or self.ticks % stall_every == 0
+            self.flush_slot(*ks)
+            if stall_check and self.active:
+                self.check_stalled()

@@ -78,7 +78,7 @@ class SessionStore:
         self.projects = ProjectRegistry(root, config.home, config.project_roots, config.many_users)
         self.hub = SubscriptionHub()
         slots = config.progress_slots or progress_slots
-        self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, slots)
+        self.saver = ThrottledSaver(es, config.progress_interval, config.stall_timeout, slots, config.progress_batch)
         es.failure_listeners.append(self._store_failed)
         self.watchers: list[Watcher] = []
         self.scoped_watchers: list[ScopedWatcher] = []  # told whose session changed too (the server)
