@@ -257,6 +257,43 @@ def test_the_saver_groups_its_slots_while_few_messages_run():
     assert saver.group() == 1
 
 
+async def test_a_late_group_wake_up_skips_no_slot(root, autojump_clock):
+    """Review finding: a group's wake-up that came a little late took the
+    next group's first slot along, which then waited almost two intervals
+    and counted as late. Each message's records stay an interval apart."""
+    from sessionlog_store.eventstore.record import Record
+    step = 0.25 / 20
+    seen: dict[str, list[float]] = {}
+    first = trio.Event()
+
+    def on_record(sid: str, rec: Record, end: int) -> None:
+        if isinstance(rec.event, MessageProgress):
+            seen.setdefault(rec.event.msg_id, []).append(trio.current_time())
+            first.set()
+    async with open_session_store(root) as store:
+        store.es.listeners.append(on_record)
+        metas = [(await store.create_session(first_message=f"go {k}"))[0] for k in range(3)]
+        assert store.saver.group() == 20  # (three messages: one wake-up an interval)
+
+        async def produce(sid: str) -> None:
+            async with store.inflight(sid) as msg:
+                for i in range(60):
+                    msg.write(f"t{i} ")
+                    await trio.sleep(0.05)
+
+        async def late_wake_up() -> None:
+            await first.wait()  # (the saver's first wake-up: its next ones come an interval apart)
+            await trio.sleep_until(trio.current_time() + 2 * 0.25 - step / 10)
+            autojump_clock.jump(1.5 * step)  # the group's wake-up comes 1.4 slots late
+        async with trio.open_nursery() as n:
+            for m in metas:
+                n.start_soon(produce, m.id)
+            n.start_soon(late_wake_up)
+        assert store.saver.late_ticks == 0
+    gaps = [b - a for times in seen.values() for a, b in zip(times, times[1:])]
+    assert len(seen) == 3 and max(gaps) <= 0.25 + 2 * step, max(gaps)
+
+
 @pytest.mark.parametrize("batch", [500, 0])
 async def test_a_spread_saver_keeps_one_record_per_interval_per_message(root, autojump_clock, batch):
     """With the interval cut into slots, each message keeps its own phase:

@@ -48,15 +48,16 @@ PROGRESS_INTERVAL: Final = 0.250
 # with one slot): the store uses one slot there (StoreConfig.progress_slots).
 SLOTS: Final = 20
 # The saver wakes for several slots at once (a group: a divisor of the slots)
-# while a slot holds fewer than this many running messages, so a commit batch
-# holds about this many records: each wake-up of the trio thread costs ~0.25
+# holding at most about this many running messages, so a commit batch holds
+# up to about this many records: each wake-up of the trio thread costs ~0.25
 # ms of CPU on a 2-core VM (its caches cold after the sleep), and a batch
 # several more (the journal's and the log writer's thread hand-offs), a fixed
-# cost that 80 batches a second made 5-10 us of every record at 1,000-5,000
-# streams (bench/README.md, issue 29 sixth round). From 10,000 streams
-# (n/20 >= 500) every slot is its own wake-up, as before. Each message is
-# still flushed once an interval: a group's slots are flushed when the last
-# of them is due (never early; at most a group's length late, every time).
+# cost that 80 batches a second made ~21 us of every record at 1,000 streams
+# and ~6 at 5,000 (bench/README.md, issue 29 sixth round). On 20 slots
+# groups form at 5,000 running messages or fewer; above, every slot is its
+# own wake-up, as before. Each message is still flushed once an interval: a
+# group's slots are flushed when its last slot is due (a fixed phase); only
+# when the group changes is one gap shorter, or up to a group longer.
 BATCH_TARGET: Final = 500
 # spec/inflight-state.md: a running message silent this long is stalled.
 STALL_TIMEOUT: Final = 300.0
@@ -376,7 +377,9 @@ class ThrottledSaver:
             await trio.sleep_until(start + wake_at * step)
             self.wakes += 1
             now = trio.current_time()
-            due = max(wake_at, int((now - start) / step + 1e-6))  # woken: at least the slots it slept for
+            # Woken: at least the slots it slept for, and the whole groups due
+            # since (a late wake-up must not take the next group's first slots).
+            due = max(wake_at, int((now - start) / step + 1e-6) // g * g)
             if due - done > n:  # fell behind: flush each slot once, no burst of catching up
                 skipped = due - done - n
                 self.ticks += skipped
@@ -387,7 +390,7 @@ class ThrottledSaver:
             while done < due:
                 done += 1
                 self.ticks += 1
-                if now - (start + done * step) > self.interval:
+                if now - (start + -(-done // g) * g * step) > self.interval:  # (from its group's wake-up)
                     self.late_ticks += 1  # this slot's messages are more than one interval behind
                 ks.append(done % n)
                 stall_check = stall_check or self.ticks % stall_every == 0
