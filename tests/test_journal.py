@@ -3,9 +3,11 @@ gives back from it, and what it refuses to give back. Power cuts over the
 whole path are in test_powerloss.py."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
+import threading
 import zlib
 
 import pytest
@@ -13,7 +15,7 @@ import trio
 
 from sessionlog_store.eventstore import open_event_store
 from sessionlog_store.eventstore.events import SessionCreated, SessionDeleted, SessionRenamed
-from sessionlog_store.eventstore.local.fsio import OS_FILES
+from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.eventstore.local.journal import apply_journal, decode_frames, encode_frame, journal_dir, list_segments
 from sessionlog_store.eventstore.local.log import log_path, read_log
 from sessionlog_store.eventstore.record import scan
@@ -313,6 +315,30 @@ async def test_reads_after_a_failed_log_write_still_see_what_was_acknowledged(ro
         assert (await store.load_session(meta.id)).messages[mid].content == "acknowledged"
 
 
+class GatedLogWrite(FileOps):
+    """Files whose write of one log (`target`, set by the test) waits, in
+    its worker thread, until the test releases it; then it fails (EIO) or
+    goes through."""
+
+    def __init__(self, *, fail: bool) -> None:
+        self.fail, self.target, self.gated = fail, "", -1
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def open_append(self, path: str) -> int:
+        fd = super().open_append(path)
+        if self.target and path.endswith(self.target):
+            self.gated = fd
+        return fd
+
+    def write(self, fd: int, data: bytes) -> None:
+        if self.target and fd == self.gated:
+            self.entered.set()
+            self.release.wait(60)
+            if self.fail:
+                raise OSError(errno.EIO, "injected EIO")
+        super().write(fd, data)
+
+
 async def test_a_failed_log_write_puts_its_lines_back_before_those_queued_during_it(root):
     """A log write that fails leaves its lines pending again, before the same
     session's lines queued while it was in flight: reads after the failure
@@ -320,34 +346,13 @@ async def test_a_failed_log_write_puts_its_lines_back_before_those_queued_during
     The sessions go back in the order their oldest lines came (a reader's
     was taken from the middle): defensive, as the writer ends after a
     failure and the written position is not worked out again today."""
-    import errno
-    import threading
-
     from sessionlog_store.eventstore.errors import StoreBroken
-    from sessionlog_store.eventstore.local.fsio import FileOps
-
-    class GatedFail(FileOps):
-        target = ""
-        entered, release = threading.Event(), threading.Event()
-
-        def open_append(self, path):  # type: ignore[no-untyped-def]
-            fd = super().open_append(path)
-            if self.target and path.endswith(self.target):
-                self.bad = fd
-            return fd
-
-        def write(self, fd, data):  # type: ignore[no-untyped-def]
-            if self.target and fd == getattr(self, "bad", None):
-                self.entered.set()
-                self.release.wait(60)
-                raise OSError(errno.EIO, "injected EIO")
-            super().write(fd, data)
 
     async def read_s1(es) -> None:  # type: ignore[no-untyped-def]
         with pytest.raises(StoreBroken):
             await es.flush("s1")
 
-    fs = GatedFail()
+    fs = GatedLogWrite(fail=True)
     with trio.fail_after(60):  # (a hang guard)
         async with open_event_store(root, fs=fs, journal_sync_interval=3600, log_write_interval=3600) as es:
             for sid in ("s0", "s1"):
@@ -403,27 +408,7 @@ async def test_a_batch_of_birth_markers_only_does_not_count_off_a_write_in_fligh
     counted off at once, unless a write is in flight: its lines are in no
     log yet, and a round trusting the written position would remove their
     segment."""
-    import threading
-
-    from sessionlog_store.eventstore.local.fsio import FileOps
-
-    class Gated(FileOps):
-        target = ""
-        entered, release = threading.Event(), threading.Event()
-
-        def open_append(self, path):  # type: ignore[no-untyped-def]
-            fd = super().open_append(path)
-            if self.target and path.endswith(self.target):
-                self.gated = fd
-            return fd
-
-        def write(self, fd, data):  # type: ignore[no-untyped-def]
-            if self.target and fd == getattr(self, "gated", None):
-                self.entered.set()
-                self.release.wait(60)
-            super().write(fd, data)
-
-    fs = Gated()
+    fs = GatedLogWrite(fail=False)
     with trio.fail_after(60):  # (a hang guard)
         async with open_event_store(root, fs=fs, journal_sync_interval=3600, log_write_interval=3600) as es:
             for sid in ("s0", "x"):
