@@ -193,7 +193,7 @@ class ThrottledSaver:
         self.es = es
         self.interval = interval
         self.stall_timeout = stall_timeout
-        self.batch_target = batch_target  # group slots while a slot holds fewer running messages (BATCH_TARGET)
+        self.batch_target = batch_target  # a group of slots holds at most about this many messages (BATCH_TARGET)
         self.wakes = 0  # the saver's wake-ups (a slot, or a group of them)
         # Dirty messages, per slot of the interval (insertion-ordered sets).
         self.slots: list[dict[InflightMessage, None]] = [{} for _ in range(max(1, slots))]
