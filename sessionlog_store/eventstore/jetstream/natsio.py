@@ -7,15 +7,17 @@ cluster just started being a moment away from taking a publish.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any, Final, TypeVar
 
 import msgspec
 import trio
 
-from ..errors import StoreBroken
+from ..errors import StoreBroken, leaf_errors
 
 
 # The header naming a message's writer (a log: a worker's connection).
@@ -31,6 +33,7 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 DIRECT_GETS: Final = 16
 
 T = TypeVar("T")
+_log = logging.getLogger("sessionlog.worker")
 
 
 class AsyncioThread:
@@ -113,6 +116,24 @@ PING_INTERVAL: Final = 2.0
 # was paused: JSStreamDuplicateMessageConflict, 409) and the cluster has no
 # leader for the request yet (JSClusterNotAvailErr 10008, JSClusterNotLeaderErr 10009).
 _NOT_NOW: Final = (10158, 10008, 10009)
+
+
+async def enter_answered(stack: AsyncExitStack, opener: Callable[[], AbstractAsyncContextManager[T]], *,
+                         retry_for: float, what: str) -> T:
+    """`opener()` entered on `stack`, made again from the start while its
+    requests get no answer (the cluster electing a leader: a node was just
+    lost), for `retry_for` seconds: for a start, whose every step is
+    idempotent and which has served nothing yet."""
+    deadline = trio.current_time() + retry_for
+    while True:
+        try:
+            return await stack.enter_async_context(opener())
+        except Exception as e:  # noqa: BLE001 - sorted: only "no answer" is tried again
+            if not all(unanswered(x) or (x.__cause__ is not None and unanswered(x.__cause__))
+                       for x in leaf_errors(e)) or trio.current_time() > deadline:
+                raise
+            _log.warning("the NATS servers did not answer the start of %s (%s); starting it again", what, e)
+            await trio.sleep(1.0)
 
 
 def unanswered(error: BaseException) -> bool:

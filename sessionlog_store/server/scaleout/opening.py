@@ -14,11 +14,8 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-import trio
-
-from sessionlog_store.eventstore.errors import leaf_errors
 from sessionlog_store.eventstore.jetstream.leases import Leases
-from sessionlog_store.eventstore.jetstream.natsio import default_prefix, unanswered
+from sessionlog_store.eventstore.jetstream.natsio import default_prefix, enter_answered
 from sessionlog_store.eventstore.jetstream.objects import StreamObjects, stream_facts
 from sessionlog_store.eventstore.jetstream.projects import StreamProjectLog
 from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
@@ -47,25 +44,11 @@ async def open_worker_store(root: str, config: StoreConfig, *,
     node was just lost) is made again from the start, for
     `config.publish_retry` seconds: every step of it is idempotent, and
     nothing has been served yet."""
-    deadline = trio.current_time() + config.publish_retry
     async with AsyncExitStack() as stack:
-        while True:
-            try:
-                store = await stack.enter_async_context(_started(root, config, titler))
-                break
-            except Exception as e:  # noqa: BLE001 - sorted: only "no answer" is tried again
-                if not all(_unanswered(x) for x in leaf_errors(e)) or trio.current_time() > deadline:
-                    raise
-                log.warning("the NATS servers did not answer the start (%s); starting again", e)
-                await trio.sleep(1.0)
+        store = await enter_answered(stack, lambda: _started(root, config, titler), retry_for=config.publish_retry,
+                                     what="the worker's store")
         async with running(store) as ready:
             yield ready
-
-
-def _unanswered(error: BaseException) -> bool:
-    """A request that got no answer, or one that failed for it (a stream made
-    or found only after its leader was elected: StoreBroken from it)."""
-    return unanswered(error) or (error.__cause__ is not None and unanswered(error.__cause__))
 
 
 @asynccontextmanager

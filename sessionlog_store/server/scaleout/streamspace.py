@@ -29,13 +29,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Final
 
 import trio
 
 from sessionlog_store.eventstore.errors import EventStoreError, SeqConflict, UnknownSession
 from sessionlog_store.eventstore.events import SessionDeleted, StreamForkLinked, StreamOpened
+from sessionlog_store.eventstore.jetstream.natsio import enter_answered
 from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog, open_jetstream_log
 from sessionlog_store.eventstore.record import Record
 from sessionlog_store.projections.dstream import Refused, StreamState
@@ -341,10 +342,13 @@ async def open_shared_stream_space(config: StoreConfig) -> AsyncIterator[SharedS
         spaces.append(SharedStreamSpace(es))
         return 0
     stream, prefix = space_stream(config)
-    async with open_jetstream_log(list(config.backend), stream=stream, prefix=prefix, replicas=config.replicas,
-                                  replay=True, seed=attach, retry_for=config.publish_retry,
-                                  refuse_conflicts=True):
-        space = spaces[0]
+    async with AsyncExitStack() as stack:
+        # (like the worker's store: a start the cluster does not answer is made again)
+        await enter_answered(stack, lambda: open_jetstream_log(
+            list(config.backend), stream=stream, prefix=prefix, replicas=config.replicas, replay=True, seed=attach,
+            retry_for=config.publish_retry, refuse_conflicts=True), retry_for=config.publish_retry,
+            what="the stream space")
+        space = spaces[-1]  # (the start that was answered)
         async with trio.open_nursery() as nursery:
             await nursery.start(space.run)
             yield space
