@@ -53,14 +53,14 @@ from .logfiles import LogFiles
 
 class Pending:
     """One session's lines not in its log yet: since when, from which batch
-    on, and the batch of the last ones."""
-    __slots__ = ("since", "first_no", "lines", "last")
+    on, and the seq of the last one (not the batch: it would be kept alive)."""
+    __slots__ = ("since", "first_no", "lines", "last_seq")
 
     def __init__(self, since: float, batch: Batch) -> None:
         self.since = since                # trio time its oldest line was queued
         self.first_no = batch.no          # the batch of its oldest line
         self.lines: list[bytes] = []
-        self.last = batch                 # the batch of its newest lines (their last seq)
+        self.last_seq = 0                 # the seq of its newest line
 
 
 class LogWriter:
@@ -94,7 +94,7 @@ class LogWriter:
             if p is None:
                 p = pending[sid] = Pending(now, batch)
             p.lines += lines
-            p.last = batch
+            p.last_seq = batch.last_seq[sid]
         self.queued_no = batch.no
         if not pending and self.writing is None:  # (a batch of birth markers only, nothing else to write)
             self._count_off()
@@ -174,7 +174,7 @@ class LogWriter:
         for sid, p in take.items():
             sess = sessions.get(sid)
             if sess is not None:
-                sess.written_seq = p.last.last_seq[sid]
+                sess.written_seq = p.last_seq
                 sess.written_end += sum(map(len, p.lines))
             if wanted and sid in wanted and (sess is None or sess.written_seq >= wanted[sid]):
                 del wanted[sid]
@@ -204,7 +204,7 @@ class LogWriter:
                 merged[sid] = p
             else:
                 q.lines += p.lines
-                q.last = p.last
+                q.last_seq = p.last_seq
         self.pending = OrderedDict(sorted(merged.items(), key=lambda item: item[1].first_no))
 
     async def run(self) -> None:
