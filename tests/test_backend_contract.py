@@ -231,6 +231,50 @@ class TestJetStreamLog(EventLogContract):
             assert seen["a"]["s1"] == want == seen["b"]["s1"]
             print(f"conflicts rebased: a {a.conflicts}, b {b.conflicts}")
 
+    async def test_a_conflict_in_an_atomic_batch_rebases_that_session_only(self, tmp_path):
+        """Two workers append to one shared session while each streams a
+        session of its own: their batches are atomic batches of several
+        sessions' messages (issue 29 item 4), which the fence on the shared
+        one refuses whole. The refused batch's messages go out again one by
+        one: the shared session is rebased as before, each own session's
+        records are durable once, in order."""
+        from sessionlog_store.eventstore.jetstream.natsio import publisher_of
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
+        kw = {"stream": self.stream, "prefix": self.prefix, "timeout": 3}
+        async with open_jetstream_log(self.cluster.urls, **kw) as a, open_jetstream_log(self.cluster.urls, **kw) as b:
+            assert a.batched and b.batched, "the stream was made taking atomic batches"
+            reset: list[str] = []  # (sessions a conflict made a log fold again)
+            for log in (a, b):
+                log.reset_listeners.append(lambda sid, records, end: reset.append(sid))
+            await a.create("s1", [born("s1")])
+            for log, own in ((a, "own-a"), (b, "own-b")):
+                await log.create(own, [born(own)])
+            with trio.fail_after(10):
+                while "s1" not in b:
+                    await trio.sleep(0.01)
+
+            async def writer(log, name: str) -> None:  # type: ignore[no-untyped-def]
+                for i in range(25):
+                    log.append_nowait(f"own-{name}", MessageProgress(msg_id=name, content_delta=f"{i}"))
+                    await log.append_many("s1", [SessionRenamed(title=f"{name}{i}")])
+                await log.flush()
+            with trio.fail_after(60):
+                async with trio.open_nursery() as n:
+                    n.start_soon(writer, a, "a")
+                    n.start_soon(writer, b, "b")
+            assert a.broken is None and b.broken is None
+            refused = sum(publisher_of(log.js).refused_batches for log in (a, b))
+            assert a.conflicts + b.conflicts > 0 and refused > 0, "no batch met the fence: the test proves nothing"
+            assert set(reset) == {"s1"}, "only the shared session was refused and rebased"
+            stored = await a.read("s1")
+            assert [r.seq for r in stored] == list(range(1, 52))
+            for name in ("a", "b"):
+                assert len([r for r in stored if r.event.title.startswith(name)]) == 25  # type: ignore[attr-defined]
+                own = await a.read(f"own-{name}")
+                assert [r.seq for r in own] == list(range(1, 27))
+                assert [r.event.content_delta for r in own[1:]] == [f"{i}" for i in range(25)]  # type: ignore[attr-defined]
+            print(f"conflicts rebased: a {a.conflicts}, b {b.conflicts}; atomic batches refused whole: {refused}")
+
     async def test_a_session_made_by_two_writers_at_once_is_one_writers(self, tmp_path):
         """Two workers create one id at once: one gets SessionExists and then
         knows the winner's session (and may append to it)."""

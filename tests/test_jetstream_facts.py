@@ -31,7 +31,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
         yield c
 
 
-async def _stream(cluster: NatsCluster):  # type: ignore[no-untyped-def]
+async def _stream(cluster: NatsCluster, **config: object):  # type: ignore[no-untyped-def]
     nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     # (a generous answer time: these tests state what the server does, not
     # how fast; a first publish beside CPU hogs took over 5 s once)
@@ -42,7 +42,7 @@ async def _stream(cluster: NatsCluster):  # type: ignore[no-untyped-def]
         await nc.jetstream(timeout=5).delete_stream("SL")  # (the module's previous test's)
     except Exception:  # noqa: BLE001 - none yet, or the meta leader not elected: made below
         pass
-    await until_led(js, "SL", lambda: js.add_stream(name="SL", subjects=["sl.>"], num_replicas=3))
+    await until_led(js, "SL", lambda: js.add_stream(name="SL", subjects=["sl.>"], num_replicas=3, **config))
     return nc, js
 
 
@@ -142,6 +142,71 @@ def test_an_answer_without_a_stream_sequence_is_not_taken_for_a_stored_message()
 
 
 @pytest.mark.slow
+def test_atomic_batches_answer_each_message_as_one_by_one_publishes_would(cluster, monkeypatch):
+    """Publisher.publish_batched (issue 29 item 4: a committer's messages in
+    JetStream atomic batches, one answer a batch) gives each message the
+    answer `publish_all` would: its own stream sequence, counted back from
+    the batch's last; a retry of batches stored (their answers lost) a
+    duplicate's ack at the same sequence, nothing stored twice; a stale
+    fence in a batch refuses that message only, the rest stored (the batch
+    refused whole, then published one by one); and on a stream that takes
+    no atomic batches, each message stored as one by one."""
+    from sessionlog_store.eventstore.jetstream import natsio
+    monkeypatch.setattr(natsio, "ATOMIC_MAX", 3)  # (7 messages: batches of 3, 3 and 1)
+
+    def messages(tag: str, fences: dict[int, int]) -> list[tuple[str, bytes, dict[str, str]]]:
+        return [(f"sl.b{i}", f"{tag}{i}".encode(), {"Nats-Msg-Id": f"{tag}{i}",
+                                                    "Nats-Expected-Last-Subject-Sequence": str(fences.get(i, 0))})
+                for i in range(7)]
+
+    async def main() -> None:
+        nc, js = await _stream(cluster, allow_atomic=True)
+        pub = natsio.publisher_of(js)
+        first = await pub.publish_batched(messages("a", {}))
+        assert [a.seq for a in first] == [1, 2, 3, 4, 5, 6, 7], first
+        for i, ack in enumerate(first):
+            assert (await js.get_msg("SL", ack.seq)).data == f"a{i}".encode()
+        again = await pub.publish_batched(messages("a", {}))  # (a retry: the same ids and fences)
+        assert [(a.seq, a.duplicate) for a in again] == [(i, True) for i in range(1, 8)], again
+        fences = {i: i + 1 for i in range(7)}
+        fences[4] = 1  # (b4's last is 5)
+        answers = await pub.publish_batched(messages("b", fences))
+        assert getattr(answers[4], "err_code", None) in WRONG_LAST_SEQUENCE, answers[4]
+        stored = [a for i, a in enumerate(answers) if i != 4]
+        assert all(not isinstance(a, BaseException) and not a.duplicate for a in stored), answers
+        assert (await js.stream_info("SL")).state.messages == 13
+        await nc.close()
+
+        nc, js = await _stream(cluster)  # (no allow_atomic: refused as a batch, stored one by one)
+        answers = await natsio.publisher_of(js).publish_batched(messages("c", {}))
+        assert [a.seq for a in answers] == [1, 2, 3, 4, 5, 6, 7], answers
+        assert (await js.stream_info("SL")).state.messages == 7
+        await nc.close()
+    asyncio.run(main())
+
+
+def test_a_worker_makes_its_stream_taking_atomic_batches_and_uses_an_older_one_as_it_is(cluster):
+    """natsio.ensure_stream: a stream it makes takes atomic batches; one of
+    a worker's made before they were (same subjects, copies and duplicate
+    window, no allow_atomic) is used as it is, its messages one by one; a
+    stream of that name with another config is refused, saying so."""
+    from sessionlog_store.eventstore.errors import StoreBroken
+    from sessionlog_store.eventstore.jetstream.natsio import DUPLICATE_WINDOW, ensure_stream
+
+    async def main() -> None:
+        nc, js = await _stream(cluster, duplicate_window=DUPLICATE_WINDOW)  # (as an older worker made it)
+        assert await ensure_stream(js, "SL", "sl", 3, create=True) is False
+        assert await ensure_stream(js, "SL", "sl", 3, create=False) is False
+        with pytest.raises(StoreBroken, match="another config"):
+            await ensure_stream(js, "SL", "sl", 1, create=True)  # (one copy: not the stream there)
+        await js.delete_stream("SL")
+        assert await ensure_stream(js, "SL", "sl", 3, create=True) is True
+        assert (await js.stream_info("SL")).config.allow_atomic
+        assert await ensure_stream(js, "SL", "sl", 3, create=True) is True  # (made again: the same)
+        await nc.close()
+    asyncio.run(main())
+
+
 def test_killing_the_stream_leader_loses_no_acked_record(cluster):
     async def main() -> tuple[int, float]:
         nc, js = await _stream(cluster)

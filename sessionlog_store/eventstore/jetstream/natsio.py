@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,15 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 # an ordered consumer (thousands of gets took seconds; a consumer costs a
 # few round trips to make and delivers ~100k messages/s).
 DIRECT_GETS: Final = 16
+
+# The most messages of one JetStream atomic batch (the servers' default cap,
+# `max_batch_size`; a lower cap refuses a larger batch, whose messages are
+# then published one by one: `Publisher.publish_batched`).
+ATOMIC_MAX: Final = 1000
+
+# How long the servers remember a message id (s): a publish sent again within
+# it (no answer came: `publish_answered`) is stored once.
+DUPLICATE_WINDOW: Final = 120.0
 
 T = TypeVar("T")
 _log = logging.getLogger("sessionlog.worker")
@@ -150,18 +160,25 @@ def unanswered(error: BaseException) -> bool:
             or getattr(error, "err_code", None) in _NOT_NOW)
 
 
-async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create: bool) -> None:
-    """The stream, made if missing (`create`), else only looked up."""
+async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create: bool) -> bool:
+    """The stream, made if missing (`create`), else only looked up; whether
+    it takes atomic batches (`allow_atomic`, `Publisher.publish_batched`).
+    A stream is made taking them; one of ours made before they were (the
+    same subjects, copies and duplicate window) is used as it is, its
+    messages published one by one (an operator may set `allow_atomic` on
+    it, a stream edit that changes nothing else: the next start batches)."""
     from nats.js.errors import NotFoundError
     if not create:  # (read only: verify, migrate from it)
         try:
-            await js.stream_info(stream)
+            info = await js.stream_info(stream)
         except NotFoundError:
             raise StoreBroken(f"there is no stream {stream} on the NATS servers") from None
-        return
+        return bool(info.config.allow_atomic)
     try:
         await until_led(js, stream, lambda: js.add_stream(name=stream, subjects=[f"{prefix}.>"],
-                                                          num_replicas=replicas, duplicate_window=120.0))
+                                                          num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW,
+                                                          allow_atomic=True))
+        return True
     except Exception as e:
         if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
             raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
@@ -169,6 +186,15 @@ async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create
         if getattr(e, "err_code", None) == 10005:  # no suitable peers for placement
             raise StoreBroken(f"stream {stream} does not exist yet, and making it needs all {replicas} of its "
                               "servers up (fewer are): start it with every node up once") from None
+        if getattr(e, "err_code", None) == 10058:  # JSStreamNameExistErr: there, with another config
+            config = (await until_led(js, stream, lambda: js.stream_info(stream))).config
+            if (config.subjects == [f"{prefix}.>"] and config.num_replicas == replicas
+                    and config.duplicate_window == DUPLICATE_WINDOW and not config.allow_atomic):
+                return False  # (ours, made before atomic batches)
+            raise StoreBroken(f"stream {stream} is on the NATS servers with another config than a worker's "
+                              f"(subjects {config.subjects}, {config.num_replicas} copies, duplicate window "
+                              f"{config.duplicate_window} s; a worker's: {prefix}.>, {replicas}, "
+                              f"{DUPLICATE_WINDOW:.0f}): choose another stream name") from None
         raise StoreBroken(f"stream {stream}: the NATS servers did not make or find it: "
                           f"{type(e).__name__}: {e}") from e
 
@@ -185,10 +211,12 @@ class _AckError(msgspec.Struct):
 
 
 class _PubAck(msgspec.Struct):
-    """A publish's answer (nats-py's api.PubAck's fields that are read: `seq`)."""
+    """A publish's answer (nats-py's api.PubAck's fields that are read:
+    `seq`; an atomic batch's commit also has `count`, its messages)."""
     stream: str = ""
     seq: int = 0
     duplicate: bool = False
+    count: int = 0
     error: _AckError | None = None
 
 
@@ -221,6 +249,8 @@ class Publisher:
         self._prefix = ""
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._n = 0
+        self._batch_prefix, self._batches = secrets.token_hex(8) + ".", 0  # (atomic batches' ids: <= 64 chars)
+        self.refused_batches = 0  # atomic batches refused whole, published again one by one
 
     async def _on_answer(self, msg: Any) -> None:
         fut = self._waiting.pop(msg.subject[len(self._prefix):], None)
@@ -245,6 +275,66 @@ class Publisher:
     async def publish_all(self, messages: list[tuple[str, bytes, dict[str, str]]]) -> list[Any]:
         """Publish every (subject, data, headers) in order; each one's answer
         or exception (nats.errors.TimeoutError: none within the timeout)."""
+        return await self._publish([(subject, data, headers, True) for subject, data, headers in messages])
+
+    async def publish_batched(self, messages: list[tuple[str, bytes, dict[str, str]]]) -> list[Any]:
+        """As `publish_all`, in JetStream atomic batches (a stream that allows
+        them: ADR-50) of up to ATOMIC_MAX messages: a batch is stored whole
+        or not at all, and answered once, at its last message, with the last
+        one's stream sequence (the others precede it, in order). No answer a
+        message: half the worker's CPU a message and a quarter of the
+        servers' (bench/README.md, issue 29 item 4).
+
+        Each message's answer is as `publish_all`'s would be:
+        - a batch stored: each message's sequence, counted back from the last;
+        - a batch refused whole by an error answer (a fence refused, a message
+          id stored already (a retry of a batch stored), the stream not
+          allowing batches, the servers' limits): its messages published
+          again one by one, whose answers say which message it was about
+          and store the rest (a stored id is a duplicate's ack);
+        - a batch not answered (or answered "not now"): that error for each
+          of its messages, for `publish_answered` to send again.
+        """
+        if len(messages) < 2:
+            return await self.publish_all(messages)
+        chunks = [messages[i:i + ATOMIC_MAX] for i in range(0, len(messages), ATOMIC_MAX)]
+        items: list[tuple[str, bytes, dict[str, str], bool]] = []
+        for chunk in chunks:
+            self._batches += 1
+            batch_id = f"{self._batch_prefix}{self._batches}"
+            last = len(chunk) - 1
+            for j, (subject, data, headers) in enumerate(chunk):
+                marks = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(j + 1)}
+                if j == last:
+                    marks["Nats-Batch-Commit"] = "1"
+                items.append((subject, data, {**headers, **marks}, j == last))
+        answers = await self._publish(items)
+        out: list[Any] = []
+        alone: list[int] = []  # (positions in `messages` published again one by one)
+        for chunk, answer in zip(chunks, answers):
+            if isinstance(answer, BaseException):
+                if unanswered(answer) or getattr(answer, "err_code", None) is None:
+                    out.extend([answer] * len(chunk))
+                else:
+                    self.refused_batches += 1
+                    alone.extend(range(len(out), len(out) + len(chunk)))
+                    out.extend([None] * len(chunk))
+            elif answer.count != len(chunk):
+                broken = StoreBroken(f"a JetStream atomic batch of {len(chunk)} messages answered as one of "
+                                     f"{answer.count}: {answer}")
+                out.extend([broken] * len(chunk))
+            else:
+                first = answer.seq - len(chunk) + 1
+                out.extend(_PubAck(stream=answer.stream, seq=first + j) for j in range(len(chunk)))
+        if alone:
+            for i, answer in zip(alone, await self.publish_all([messages[i] for i in alone])):
+                out[i] = answer
+        return out
+
+    async def _publish(self, items: list[tuple[str, bytes, dict[str, str], bool]]) -> list[Any]:
+        """Publish every (subject, data, headers, answered) in order; the
+        answer or exception of each one sent `answered` (with a reply subject
+        of this publisher's), in order."""
         import nats.errors
         nc = self.nc
         if not self._prefix:  # (unset again if the subscribe fails: tried anew by the next batch)
@@ -260,7 +350,13 @@ class Publisher:
         keys: list[str] = []
         futures: list[asyncio.Future[Any]] = []
         try:
-            for subject, data, headers in messages:
+            for subject, data, headers, answered in items:
+                if not answered:
+                    try:
+                        await nc.publish(subject, data, headers=headers)
+                    except Exception:  # noqa: BLE001 - its batch is not committed: the commit's answer says so
+                        pass
+                    continue
                 self._n += 1
                 key = str(self._n)
                 fut = loop.create_future()
@@ -295,16 +391,18 @@ def publisher_of(js: Any) -> Publisher:
 
 
 async def publish_answered(js: Any, messages: list[tuple[str, bytes, dict[str, str]]], retry_for: float,
-                           retried: Callable[[int], None]) -> list[Any]:
-    """Publish every (subject, data, headers) at once; those not answered,
-    again with the same headers (the message id makes a retry of a stored one
-    a duplicate ack, checked before the fence), until `retry_for` seconds
-    have passed. Returns each one's ack or exception (on the asyncio loop)."""
+                           retried: Callable[[int], None], batched: bool = False) -> list[Any]:
+    """Publish every (subject, data, headers) at once (`batched`: in atomic
+    batches, `Publisher.publish_batched`); those not answered, again with the
+    same headers (the message id makes a retry of a stored one a duplicate
+    ack, checked before the fence), until `retry_for` seconds have passed.
+    Returns each one's ack or exception (on the asyncio loop)."""
     acks: list[Any] = [None] * len(messages)
     todo, deadline = list(range(len(messages))), time.monotonic() + retry_for
     publisher = publisher_of(js)
+    publish = publisher.publish_batched if batched else publisher.publish_all
     while True:
-        got = await publisher.publish_all([messages[i] for i in todo])
+        got = await publish([messages[i] for i in todo])
         for i, ack in zip(todo, got):
             acks[i] = ack
         todo = [i for i in todo if isinstance(acks[i], BaseException) and unanswered(acks[i])]

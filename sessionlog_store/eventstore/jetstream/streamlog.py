@@ -93,6 +93,9 @@ class JetStreamLog:
         # logs whose appends are checked against all that precedes them
         # (the generic streams' producers and closure).
         self.refuse_conflicts = refuse_conflicts
+        # A batch's messages go out in atomic batches (the stream allows them:
+        # set by open_jetstream_log), else one by one (natsio.publish_answered).
+        self.batched = False
         # As EventStore's: after the listeners saw one append's records (session id);
         # after each durable batch (records, perf_counter() of its first record, of its ack).
         self.append_listeners: list[Callable[[str], None]] = []
@@ -315,7 +318,8 @@ class JetStreamLog:
                     WRITER_HEADER: self.worker}) for sid in live]
                 published += sum(len(m[1]) for m in messages)
                 try:
-                    acks = await self.bridge.run(lambda: publish_answered(js, messages, retry_for, self.retried))
+                    acks = await self.bridge.run(lambda: publish_answered(js, messages, retry_for, self.retried,
+                                                                          batched=self.batched))
                 except Exception as e:  # the crossing itself failed
                     acks = [e] * len(live)
                 for sid, ack in zip(live, acks):
@@ -661,8 +665,9 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
         try:
             js = nc.jetstream(timeout=timeout)
 
-            await bridge.run(lambda: ensure_stream(js, stream, prefix, replicas, create))
+            atomic = await bridge.run(lambda: ensure_stream(js, stream, prefix, replicas, create))
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for, refuse_conflicts=refuse_conflicts)
+            log.batched = atomic
             log.max_message = int(nc.max_payload) - 4096
             log.listeners.extend(listeners)
             start = await seed(log) + 1 if seed is not None and replay else 0
