@@ -175,10 +175,10 @@ async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create
             raise StoreBroken(f"there is no stream {stream} on the NATS servers") from None
         return bool(info.config.allow_atomic)
     try:
-        await until_led(js, stream, lambda: js.add_stream(name=stream, subjects=[f"{prefix}.>"],
-                                                          num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW,
-                                                          allow_atomic=True))
-        return True
+        made = await until_led(js, stream, lambda: js.add_stream(
+            name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW,
+            allow_atomic=True))
+        return bool(made.config.allow_atomic)  # (servers before 2.12 make it without: not batched)
     except Exception as e:
         if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
             raise StoreBroken(f"stream {stream}: its subjects {prefix}.> overlap with another stream's "
@@ -289,14 +289,17 @@ class Publisher:
         - a batch stored: each message's sequence, counted back from the last;
         - a batch refused whole by an error answer (a fence refused, a message
           id stored already (a retry of a batch stored), the stream not
-          allowing batches, the servers' limits): its messages published
-          again one by one, whose answers say which message it was about
-          and store the rest (a stored id is a duplicate's ack);
+          allowing batches, the servers' limits), or answered as no atomic
+          batch is: its messages published again one by one, whose answers
+          say which message it was about and store the rest (a stored id
+          is a duplicate's ack);
         - a batch not answered (or answered "not now"): that error for each
           of its messages, for `publish_answered` to send again.
+        Every message must have a `Nats-Msg-Id` (else all go one by one): a
+        message sent again is stored once by it.
         """
-        if len(messages) < 2:
-            return await self.publish_all(messages)
+        if len(messages) < 2 or not all("Nats-Msg-Id" in headers for _, _, headers in messages):
+            return await self.publish_all(messages)  # (one published again must be known by its id)
         chunks = [messages[i:i + ATOMIC_MAX] for i in range(0, len(messages), ATOMIC_MAX)]
         items: list[tuple[str, bytes, dict[str, str], bool]] = []
         for chunk in chunks:
@@ -319,10 +322,9 @@ class Publisher:
                     self.refused_batches += 1
                     alone.extend(range(len(out), len(out) + len(chunk)))
                     out.extend([None] * len(chunk))
-            elif answer.count != len(chunk):
-                broken = StoreBroken(f"a JetStream atomic batch of {len(chunk)} messages answered as one of "
-                                     f"{answer.count}: {answer}")
-                out.extend([broken] * len(chunk))
+            elif answer.count != len(chunk):  # (not an atomic batch's answer: a server that stored
+                alone.extend(range(len(out), len(out) + len(chunk)))  # them one by one; sent again,
+                out.extend([None] * len(chunk))  # each is answered as a duplicate of its id)
             else:
                 first = answer.seq - len(chunk) + 1
                 out.extend(_PubAck(stream=answer.stream, seq=first + j) for j in range(len(chunk)))
