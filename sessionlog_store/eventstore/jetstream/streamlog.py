@@ -11,7 +11,11 @@ session's next seq, is encoded to its exact log line and goes into the
 filling batch; the listeners see it at once. The committer takes the batch
 and makes it durable in one crossing into nats-py's asyncio loop (a thread
 of its own; nats-py is asyncio-only): per session, one message holding its
-new lines, all sessions' messages published at once (pipelined). Each carries
+new lines, all sessions' messages published at once (pipelined), in
+JetStream atomic batches of up to 1,000 where the stream allows them
+(`batched`; natsio.Publisher.publish_batched: one answer a batch, and a
+batch refused whole goes out again one message at a time, so every
+message still gets its own answer). Each carries
 - `Nats-Msg-Id` `<id>:<incarnation>:<first seq>-<last seq>`: a retry is
   stored once, a session made again under a deleted id is not a retry;
 - `Nats-Expected-Last-Subject-Sequence`: the stream sequence of the
