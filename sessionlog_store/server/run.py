@@ -62,6 +62,20 @@ EXIT_STORE_FAILED: Final = 5   # the store failed while serving (a write or sync
 STOP_GRACE: Final = 10.0
 
 
+def where(error: BaseException) -> str:
+    """Where an error that is not the store's own came from: the last of
+    this package's frames it passed ("nats: timeout" alone does not say
+    which request), or nothing for the store's errors, which say it."""
+    import traceback
+    if isinstance(error, EventStoreError):
+        return ""
+    ours = [f for f in traceback.extract_tb(error.__traceback__) if f"{os.sep}sessionlog_store{os.sep}" in f.filename]
+    if not ours:
+        return ""
+    f = ours[-1]
+    return f" ({type(error).__name__} in {f.name}, {f.filename.rsplit(os.sep + 'sessionlog_store' + os.sep, 1)[1]}:{f.lineno})"
+
+
 def auth_config(args: Any) -> AuthConfig:
     """--auth and the flags of each mode."""
     mode = getattr(args, "auth", "token")
@@ -245,7 +259,7 @@ def run_server(args: Any, *, agent: Agent | None = None, store_config: StoreConf
         if not all(isinstance(x, EventStoreError | OSError | ValueError) for x in errors):
             raise
         for x in errors:
-            print(f"sessionlog: error: {x}", file=sys.stderr)
+            print(f"sessionlog: error: {x}{where(x)}", file=sys.stderr)
         return EXIT_STORE_FAILED if started else EXIT_STARTUP
     failure = started[0].store.failure() if started else None
     if failure is not None:
