@@ -114,6 +114,58 @@ async def test_a_signal_while_replies_stream_stops_cleanly(root, sig):
         assert m.content.startswith(text) and len(m.content) >= len(text), "the text seen live is kept"
 
 
+async def chars_at_least(c, key: tuple[str, str], n: int) -> str:  # type: ignore[no-untyped-def]
+    """Wait (on the client's pushes) until the reply `key` has n characters."""
+    with trio.fail_after(60):
+        while len(c.content.get(key, "")) < n:
+            await c._changed.wait()
+    return str(c.content[key])
+
+
+@pytest.mark.slow
+async def test_a_pause_while_lines_linger_then_the_reply_goes_on_exactly_and_a_stop_writes_every_log(root):
+    """SIGSTOP a server while a reply streams and the log writer holds its
+    lines (the 1 s linger), for longer than the linger and several saver
+    intervals, then SIGCONT: the saver wakes late, the log writer finds
+    every log due at once. The reply goes on where it was, to the same
+    client (no offset skipped or repeated) and to one joining mid-reply at
+    an offset; a SIGTERM then stops cleanly, every log holds its records
+    in order and the journal is emptied."""
+    from .test_journal import segments
+    p, port = await trio.to_thread.run_sync(lambda: start_serve(root, "--agent-speed", "8"))
+    try:
+        async with open_client("127.0.0.1", port, TOKEN) as c:
+            ack = await c.request("chat", content="tell me about pauses")
+            key = (ack["session_id"], ack["reply_id"])
+            await c.request("subscribe_msg", session_id=key[0], msg_id=key[1], offset=0)
+            before = await chars_at_least(c, key, 20)
+            os.kill(p.pid, signal.SIGSTOP)
+            try:
+                await trio.sleep(2.0)  # (the pause itself: past the linger and eight saver intervals)
+            finally:
+                os.kill(p.pid, signal.SIGCONT)
+            after = await chars_at_least(c, key, len(c.content[key]) + 20)
+            assert after.startswith(before) and c.status[key] == "running"
+            async with open_client("127.0.0.1", port, TOKEN) as late:
+                offset = len(before) // 2
+                late.content[key] = after[:offset]
+                await late.request("subscribe_msg", session_id=key[0], msg_id=key[1], offset=offset)
+                joined = await chars_at_least(late, key, len(after) + 10)
+            assert joined.startswith(after) and c.content[key].startswith(joined[:len(c.content[key])])
+            assert c.duplicated_or_missing == [] and late.duplicated_or_missing == []
+            seen = c.content[key]
+        p.send_signal(signal.SIGTERM)
+        out, err = await trio.to_thread.run_sync(lambda: p.communicate(timeout=30))
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert segments(root) == [], "the stop wrote every log: nothing left only in the journal"
+    m = await stored_reply(root, *key)
+    assert m.status == "aborted" and m.content.startswith(seen)
+    log_last_seq(root, key[0])  # (scans the log from seq 1: every record, in order, none missing)
+
+
 STUBBORN = r"""
 import sys, time, trio
 from sessionlog_store.server.cli import build_parser
