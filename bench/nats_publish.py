@@ -45,6 +45,7 @@ async def _measure(urls: list[str], pids: list[int], n: int, rounds: int) -> lis
     from nats.js.api import DeliverPolicy
 
     from sessionlog_store.eventstore.jetstream.natsio import WRITER_HEADER, Publisher, until_led
+    from sessionlog_store.eventstore.jetstream.tail import stream_seq
 
     nc = await nats.connect(servers=urls)
     rows = []
@@ -58,7 +59,7 @@ async def _measure(urls: list[str], pids: list[int], n: int, rounds: int) -> lis
 
             async def on_message(msg: Any) -> None:  # (what Tail's callback reads of each)
                 got[0] += 1
-                _ = (msg.headers or {}).get(WRITER_HEADER) == "w", msg.metadata.sequence.stream
+                _ = (msg.headers or {}).get(WRITER_HEADER) == "w", stream_seq(msg)
             js = nc.jetstream(timeout=30)
             sub = (await js.subscribe(f"{stream}.>", stream=stream, cb=on_message, ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.NEW) if tail else None)

@@ -207,6 +207,30 @@ def test_a_worker_makes_its_stream_taking_atomic_batches_and_uses_an_older_one_a
     asyncio.run(main())
 
 
+def test_the_tail_reads_a_stream_sequence_as_nats_py_does(cluster):
+    """tail.stream_seq reads a delivered message's stream sequence from its
+    ack subject (nats-py's `metadata` decodes all of it: issue 29 item 4):
+    on real deliveries it agrees with nats-py, and on the newer subject form
+    (a domain and an account hash after $JS.ACK) too."""
+    from nats.aio.msg import Msg
+
+    from sessionlog_store.eventstore.jetstream.tail import stream_seq
+
+    async def main() -> None:
+        nc, js = await _stream(cluster)
+        for i in range(5):
+            await js.publish(f"sl.t{i % 2}", b"x")
+        sub = await js.subscribe("sl.>", stream="SL", ordered_consumer=True)
+        got = [await sub.next_msg(30) for _ in range(5)]
+        assert [stream_seq(m) for m in got] == [m.metadata.sequence.stream for m in got] == [1, 2, 3, 4, 5]
+        await nc.close()
+    asyncio.run(main())
+    for reply in ("$JS.ACK.SL.cons.1.42.7.1700000000000000000.0",
+                  "$JS.ACK.dom.ACCHASH.SL.cons.1.42.7.1700000000000000000.0.tok"):
+        msg = Msg(_client=None, subject="sl.t", reply=reply)  # type: ignore[arg-type]
+        assert stream_seq(msg) == msg.metadata.sequence.stream == 42
+
+
 def test_killing_the_stream_leader_loses_no_acked_record(cluster):
     async def main() -> tuple[int, float]:
         nc, js = await _stream(cluster)
