@@ -141,7 +141,6 @@ def test_an_answer_without_a_stream_sequence_is_not_taken_for_a_stored_message()
     asyncio.run(main())
 
 
-@pytest.mark.slow
 def test_atomic_batches_answer_each_message_as_one_by_one_publishes_would(cluster, monkeypatch):
     """Publisher.publish_batched (issue 29 item 4: a committer's messages in
     JetStream atomic batches, one answer a batch) gives each message the
@@ -175,12 +174,49 @@ def test_atomic_batches_answer_each_message_as_one_by_one_publishes_would(cluste
         stored = [a for i, a in enumerate(answers) if i != 4]
         assert all(not isinstance(a, BaseException) and not a.duplicate for a in stored), answers
         assert (await js.stream_info("SL")).state.messages == 13
+        batch_marks = [(await js.get_msg("SL", seq)).headers["Nats-Batch-Sequence"] for seq in range(1, 8)]
+        assert batch_marks == ["1", "2", "3", "1", "2", "3", "1"], batch_marks
         await nc.close()
 
+        # A batch also ends at ATOMIC_MAX_BYTES (one is answered only once all of it is stored).
+        monkeypatch.setattr(natsio, "ATOMIC_MAX_BYTES", 5)  # (2 bytes a message: 2 a batch)
+        nc, js = await _stream(cluster, allow_atomic=True)
+        assert [a.seq for a in await natsio.publisher_of(js).publish_batched(messages("d", {}))] == list(range(1, 8))
+        batch_marks = [(await js.get_msg("SL", seq)).headers["Nats-Batch-Sequence"] for seq in range(1, 8)]
+        assert batch_marks == ["1", "2", "1", "2", "1", "2", "1"], batch_marks
+        await nc.close()
+        monkeypatch.setattr(natsio, "ATOMIC_MAX_BYTES", 8 << 20)
+
         nc, js = await _stream(cluster)  # (no allow_atomic: refused as a batch, stored one by one)
-        answers = await natsio.publisher_of(js).publish_batched(messages("c", {}))
+        pub = natsio.publisher_of(js)
+        answers = await pub.publish_batched(messages("c", {}))
         assert [a.seq for a in answers] == [1, 2, 3, 4, 5, 6, 7], answers
         assert (await js.stream_info("SL")).state.messages == 7
+        assert pub.refused_batches == 3 and not pub.batching, "told once: no more batches tried on this stream"
+        answers = await pub.publish_batched(messages("e", {i: i + 1 for i in range(7)}))
+        assert [a.seq for a in answers] == list(range(8, 15)) and pub.refused_batches == 3
+        await nc.close()
+    asyncio.run(main())
+
+
+def test_a_batch_over_the_servers_cap_is_refused_then_batches_are_halved(cluster, monkeypatch):
+    """The servers cap an atomic batch (1,000 messages by default, 10199 over
+    it): a larger one is published again one by one, and the publisher's
+    next batches are half as large, then taken."""
+    from sessionlog_store.eventstore.jetstream import natsio
+    monkeypatch.setattr(natsio, "ATOMIC_MAX", 1500)
+
+    async def main() -> None:
+        nc, js = await _stream(cluster, allow_atomic=True)
+        pub = natsio.publisher_of(js)
+        first = [(f"sl.c{i}", b"x", {"Nats-Msg-Id": f"c{i}:1"}) for i in range(1200)]
+        answers = await pub.publish_batched(first)
+        assert [a.seq for a in answers] == list(range(1, 1201))
+        assert pub.refused_batches == 1 and pub.chunk_max == 750 and pub.batching
+        again = [(f"sl.c{i}", b"y", {"Nats-Msg-Id": f"c{i}:2"}) for i in range(1200)]
+        answers = await pub.publish_batched(again)
+        assert [a.seq for a in answers] == list(range(1201, 2401)) and pub.refused_batches == 1
+        assert (await js.get_msg("SL", 1950)).headers["Nats-Batch-Sequence"] == "750"
         await nc.close()
     asyncio.run(main())
 
@@ -197,7 +233,7 @@ def test_a_worker_makes_its_stream_taking_atomic_batches_and_uses_an_older_one_a
         nc, js = await _stream(cluster, duplicate_window=DUPLICATE_WINDOW)  # (as an older worker made it)
         assert await ensure_stream(js, "SL", "sl", 3, create=True) is False
         assert await ensure_stream(js, "SL", "sl", 3, create=False) is False
-        with pytest.raises(StoreBroken, match="another config"):
+        with pytest.raises(StoreBroken, match=r"another config .*: copies 3 \(a worker's: 1\)"):
             await ensure_stream(js, "SL", "sl", 1, create=True)  # (one copy: not the stream there)
         await js.delete_stream("SL")
         assert await ensure_stream(js, "SL", "sl", 3, create=True) is True
@@ -231,6 +267,7 @@ def test_the_tail_reads_a_stream_sequence_as_nats_py_does(cluster):
         assert stream_seq(msg) == msg.metadata.sequence.stream == 42
 
 
+@pytest.mark.slow
 def test_killing_the_stream_leader_loses_no_acked_record(cluster):
     async def main() -> tuple[int, float]:
         nc, js = await _stream(cluster)

@@ -86,6 +86,7 @@ async def test_a_chat_on_one_worker_is_followed_and_resumed_on_another(workers):
     assert named and not named - sample_names(m), sorted(named - sample_names(m))
     assert m["sessionlog_records_appended_total"] == 0, "the stop was sent to the streaming worker, which wrote it"
     assert m["sessionlog_stream_position"] > 0 and m["sessionlog_store_ok"] == 1
+    assert m["sessionlog_stream_atomic_batches"] == 1, "a stream a worker made takes atomic batches"
     assert {"sessionlog_stream_conflicts_total", "sessionlog_stream_retries_total",
             "sessionlog_replies_swept_total", "sessionlog_leases_lost_total"} <= set(m)
     # nothing of the reply follows its finalize on the stream (the streaming

@@ -33,10 +33,13 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 # few round trips to make and delivers ~100k messages/s).
 DIRECT_GETS: Final = 16
 
-# The most messages of one JetStream atomic batch (the servers' default cap,
-# `max_batch_size`; a lower cap refuses a larger batch, whose messages are
-# then published one by one: `Publisher.publish_batched`).
+# The most messages of one JetStream atomic batch (the servers' default cap;
+# a lower cap refuses a larger batch, whose messages are then published one
+# by one and the batches halved: `Publisher.publish_batched`), and its most
+# bytes (a batch is answered once all of it is stored: 1,000 messages of
+# 1 MB missed the answer's timeout).
 ATOMIC_MAX: Final = 1000
+ATOMIC_MAX_BYTES: Final = 8 << 20
 
 # How long the servers remember a message id (s): a publish sent again within
 # it (no answer came: `publish_answered`) is stored once.
@@ -163,10 +166,12 @@ def unanswered(error: BaseException) -> bool:
 async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create: bool) -> bool:
     """The stream, made if missing (`create`), else only looked up; whether
     it takes atomic batches (`allow_atomic`, `Publisher.publish_batched`).
-    A stream is made taking them; one of ours made before they were (the
-    same subjects, copies and duplicate window) is used as it is, its
-    messages published one by one (an operator may set `allow_atomic` on
-    it, a stream edit that changes nothing else: the next start batches)."""
+    A stream is made taking them; one of ours made before they were (what
+    an older worker asks for, exactly: the same subjects, copies and
+    duplicate window) is used as it is, its messages published one by one
+    (an operator may set `allow_atomic` on it, a stream edit that changes
+    nothing else: the next start batches). Any other config is refused,
+    naming what differs."""
     from nats.js.errors import NotFoundError
     if not create:  # (read only: verify, migrate from it)
         try:
@@ -174,10 +179,12 @@ async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create
         except NotFoundError:
             raise StoreBroken(f"there is no stream {stream} on the NATS servers") from None
         return bool(info.config.allow_atomic)
+
+    def add(atomic: bool) -> Awaitable[Any]:
+        return js.add_stream(name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas,
+                             duplicate_window=DUPLICATE_WINDOW, **({"allow_atomic": True} if atomic else {}))
     try:
-        made = await until_led(js, stream, lambda: js.add_stream(
-            name=stream, subjects=[f"{prefix}.>"], num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW,
-            allow_atomic=True))
+        made = await until_led(js, stream, lambda: add(True))
         return bool(made.config.allow_atomic)  # (servers before 2.12 make it without: not batched)
     except Exception as e:
         if getattr(e, "err_code", None) == 10065:  # JSStreamSubjectOverlapErr
@@ -186,17 +193,23 @@ async def ensure_stream(js: Any, stream: str, prefix: str, replicas: int, create
         if getattr(e, "err_code", None) == 10005:  # no suitable peers for placement
             raise StoreBroken(f"stream {stream} does not exist yet, and making it needs all {replicas} of its "
                               "servers up (fewer are): start it with every node up once") from None
-        if getattr(e, "err_code", None) == 10058:  # JSStreamNameExistErr: there, with another config
-            config = (await until_led(js, stream, lambda: js.stream_info(stream))).config
-            if (config.subjects == [f"{prefix}.>"] and config.num_replicas == replicas
-                    and config.duplicate_window == DUPLICATE_WINDOW and not config.allow_atomic):
-                return False  # (ours, made before atomic batches)
-            raise StoreBroken(f"stream {stream} is on the NATS servers with another config than a worker's "
-                              f"(subjects {config.subjects}, {config.num_replicas} copies, duplicate window "
-                              f"{config.duplicate_window} s; a worker's: {prefix}.>, {replicas}, "
-                              f"{DUPLICATE_WINDOW:.0f}): choose another stream name") from None
-        raise StoreBroken(f"stream {stream}: the NATS servers did not make or find it: "
-                          f"{type(e).__name__}: {e}") from e
+        if getattr(e, "err_code", None) != 10058:  # (JSStreamNameExistErr: there, with another config)
+            raise StoreBroken(f"stream {stream}: the NATS servers did not make or find it: "
+                              f"{type(e).__name__}: {e}") from e
+    try:  # ours as a worker made it before atomic batches: the same request without them
+        made = await until_led(js, stream, lambda: add(False))
+        return bool(made.config.allow_atomic)
+    except Exception as e:
+        if getattr(e, "err_code", None) != 10058:
+            raise StoreBroken(f"stream {stream}: the NATS servers did not make or find it: "
+                              f"{type(e).__name__}: {e}") from e
+    config = (await until_led(js, stream, lambda: js.stream_info(stream))).config
+    differs = [f"{what} {have} (a worker's: {want})" for what, have, want in (
+        ("subjects", config.subjects, [f"{prefix}.>"]), ("copies", config.num_replicas, replicas),
+        ("duplicate window", config.duplicate_window, DUPLICATE_WINDOW)) if have != want]
+    raise StoreBroken(f"stream {stream} is on the NATS servers with another config than a worker makes: "
+                      f"{'; '.join(differs) or 'another setting (its limits, retention or storage: nats stream info)'}; "
+                      "choose another stream name, or make it as a worker does")
 
 
 def default_prefix(stream: str) -> str:
@@ -251,6 +264,7 @@ class Publisher:
         self._n = 0
         self._batch_prefix, self._batches = secrets.token_hex(8) + ".", 0  # (atomic batches' ids: <= 64 chars)
         self.refused_batches = 0  # atomic batches refused whole, published again one by one
+        self.batching, self.chunk_max = True, ATOMIC_MAX  # (what refusals taught: `_learn`)
 
     async def _on_answer(self, msg: Any) -> None:
         fut = self._waiting.pop(msg.subject[len(self._prefix):], None)
@@ -279,11 +293,11 @@ class Publisher:
 
     async def publish_batched(self, messages: list[tuple[str, bytes, dict[str, str]]]) -> list[Any]:
         """As `publish_all`, in JetStream atomic batches (a stream that allows
-        them: ADR-50) of up to ATOMIC_MAX messages: a batch is stored whole
-        or not at all, and answered once, at its last message, with the last
-        one's stream sequence (the others precede it, in order). No answer a
-        message: half the worker's CPU a message and a quarter of the
-        servers' (bench/README.md, issue 29 item 4).
+        them: ADR-50) of up to ATOMIC_MAX messages and ATOMIC_MAX_BYTES: a
+        batch is stored whole or not at all, and answered once, at its last
+        message, with that one's stream sequence (the others precede it, in
+        order). No answer a message: half the worker's CPU a message and a
+        quarter of the servers' (bench/README.md, issue 29 item 4).
 
         Each message's answer is as `publish_all`'s would be:
         - a batch stored: each message's sequence, counted back from the last;
@@ -292,15 +306,23 @@ class Publisher:
           allowing batches, the servers' limits), or answered as no atomic
           batch is: its messages published again one by one, whose answers
           say which message it was about and store the rest (a stored id
-          is a duplicate's ack);
+          is a duplicate's ack); what the refusal says about the next
+          batches is learnt (`_learn`: fewer messages a batch, or none);
         - a batch not answered (or answered "not now"): that error for each
           of its messages, for `publish_answered` to send again.
         Every message must have a `Nats-Msg-Id` (else all go one by one): a
         message sent again is stored once by it.
         """
-        if len(messages) < 2 or not all("Nats-Msg-Id" in headers for _, _, headers in messages):
+        if not self.batching or len(messages) < 2 or not all("Nats-Msg-Id" in h for _, _, h in messages):
             return await self.publish_all(messages)  # (one published again must be known by its id)
-        chunks = [messages[i:i + ATOMIC_MAX] for i in range(0, len(messages), ATOMIC_MAX)]
+        chunks: list[list[tuple[str, bytes, dict[str, str]]]] = [[]]
+        size = 0
+        for message in messages:  # (at most chunk_max messages and ATOMIC_MAX_BYTES a batch)
+            if chunks[-1] and (len(chunks[-1]) >= self.chunk_max or size + len(message[1]) > ATOMIC_MAX_BYTES):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(message)
+            size += len(message[1])
         items: list[tuple[str, bytes, dict[str, str], bool]] = []
         for chunk in chunks:
             self._batches += 1
@@ -315,16 +337,16 @@ class Publisher:
         out: list[Any] = []
         alone: list[int] = []  # (positions in `messages` published again one by one)
         for chunk, answer in zip(chunks, answers):
-            if isinstance(answer, BaseException):
-                if unanswered(answer) or getattr(answer, "err_code", None) is None:
-                    out.extend([answer] * len(chunk))
-                else:
-                    self.refused_batches += 1
-                    alone.extend(range(len(out), len(out) + len(chunk)))
-                    out.extend([None] * len(chunk))
-            elif answer.count != len(chunk):  # (not an atomic batch's answer: a server that stored
-                alone.extend(range(len(out), len(out) + len(chunk)))  # them one by one; sent again,
-                out.extend([None] * len(chunk))  # each is answered as a duplicate of its id)
+            if isinstance(answer, BaseException) and (unanswered(answer) or getattr(answer, "err_code", None) is None):
+                out.extend([answer] * len(chunk))
+                continue
+            if isinstance(answer, BaseException) or answer.count != len(chunk):
+                # refused whole, or not an atomic batch's answer (a server that
+                # stored them one by one: sent again, each is a duplicate of its id)
+                self.refused_batches += 1
+                self._learn(answer)
+                alone.extend(range(len(out), len(out) + len(chunk)))
+                out.extend([None] * len(chunk))
             else:
                 first = answer.seq - len(chunk) + 1
                 out.extend(_PubAck(stream=answer.stream, seq=first + j) for j in range(len(chunk)))
@@ -332,6 +354,23 @@ class Publisher:
             for i, answer in zip(alone, await self.publish_all([messages[i] for i in alone])):
                 out[i] = answer
         return out
+
+    def _learn(self, refusal: Any) -> None:
+        """What a batch refused whole says about the next ones: the stream
+        takes none (10174: allow_atomic unset since), the servers cap a
+        batch below chunk_max (10199: half as many), or answers as no atomic
+        batch (a server before 2.12): batching stops, or shrinks, once,
+        logged; anything else (a conflict, a retry's stored ids, the servers'
+        batches in flight, 10210) is about that batch only."""
+        code = getattr(refusal, "err_code", None)
+        if code == 10199 and self.chunk_max > 2:
+            self.chunk_max //= 2
+            _log.warning("the NATS servers refuse atomic batches of this size (%s); batches of %d messages from now on",
+                         refusal, self.chunk_max)
+        elif code in (10174, 10199) or not isinstance(refusal, BaseException):
+            self.batching = False
+            _log.warning("the NATS servers take no atomic batches on this stream (%s); publishing one message at a "
+                         "time from now on (sessionlog_stream_atomic_batches 0)", refusal)
 
     async def _publish(self, items: list[tuple[str, bytes, dict[str, str], bool]]) -> list[Any]:
         """Publish every (subject, data, headers, answered) in order; the

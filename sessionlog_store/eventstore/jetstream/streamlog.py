@@ -66,8 +66,8 @@ from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SeqConflic
                      StoreClosed, UnknownSession)
 from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted, SessionFlags
 from ..ids import validate_session_id
-from .natsio import (DIRECT_GETS, PING_INTERVAL, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream, publish_answered,
-                     read_subject, split_by_size, unanswered)
+from .natsio import (DIRECT_GETS, PING_INTERVAL, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream,
+                     publish_answered, publisher_of, read_subject, split_by_size, unanswered)
 from ..record import Record, decode_record, encode_record, scan, with_ends
 from .session import StreamSession
 from .tail import Tail
@@ -198,6 +198,17 @@ class JetStreamLog:
             self._unacked.pop(session_id, None)
         self._durable.set()
         self._durable = trio.Event()
+
+    @property
+    def atomic_batches(self) -> bool:
+        """Whether batches go out as atomic batches now (the stream takes
+        them, and no refusal since said otherwise: Publisher._learn)."""
+        return self.batched and publisher_of(self.js).batching
+
+    @property
+    def refused_batches(self) -> int:
+        """Atomic batches refused whole, published again one by one."""
+        return publisher_of(self.js).refused_batches
 
     # -- writes -------------------------------------------------------------
 

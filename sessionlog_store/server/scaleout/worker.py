@@ -185,6 +185,10 @@ class Worker:
             ("counter", "sessionlog_stream_conflicts", "Publishes refused for another worker's, rebased", es.conflicts),
             ("counter", "sessionlog_stream_retries", "Publishes sent again after no answer (leader elections)",
              es.retries),
+            ("gauge", "sessionlog_stream_atomic_batches", "1: a batch's messages go out as JetStream atomic batches "
+             "(0: one by one: the stream does not take them)", float(es.atomic_batches)),
+            ("counter", "sessionlog_stream_batches_refused", "Atomic batches refused whole (a conflict, a retry of "
+             "a stored batch, the servers' limits), published again one message at a time", es.refused_batches),
             ("gauge", "sessionlog_stream_position", "Stream sequence of the last message the tail delivered",
              es.tail_position),
             ("counter", "sessionlog_replies_swept", "Dead workers' replies this worker aborted", len(self.swept)),
