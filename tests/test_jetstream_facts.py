@@ -302,3 +302,61 @@ def test_killing_the_stream_leader_loses_no_acked_record(cluster):
         return len(acked), max(stalls)
     n, stall = asyncio.run(main())
     print(f"{n} records acked across a leader kill; the longest write waited {stall:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_publish_the_dead_leader_owed_an_answer_is_sent_again_at_the_election(tmp_path):
+    """A record whose publish reached the stream's leader just before it died
+    waits for an answer that will never come. The log sends it again (same
+    id: stored once) as soon as the servers announce the new leader
+    (`$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED`), not after the answer's
+    whole timeout: the write stall of a leader's loss is the election's
+    (issue 29 item 4; bench scaleout's fault run measured 10 s and more).
+    The leader is paused first, so that the publish surely waits on it; the
+    log is connected to the two other nodes only."""
+    import os
+    import signal
+
+    import trio
+
+    from sessionlog_store.eventstore.events import SessionCreated, SessionRenamed
+    from sessionlog_store.eventstore.jetstream.natsio import publisher_of
+    from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
+
+    with NatsCluster(tmp_path) as cl:
+        async def leader_of(log) -> int:  # type: ignore[no-untyped-def]
+            info = await log.bridge.run(lambda: log.js.stream_info("EL"))
+            return int(str(info.cluster.leader).removeprefix("n"))
+
+        async def main() -> None:
+            kw = {"stream": "EL", "prefix": "sl.el", "timeout": 3.0}
+            async with open_jetstream_log(cl.urls, **kw) as first:  # (makes the stream, finds its leader)
+                await first.create("s1", [SessionCreated(session_id="s1", created_at=1.0)])
+                leader = await leader_of(first)
+            others = [url for i, url in enumerate(cl.urls) if i != leader]
+            # An answer's timeout far longer than any election: only the advisory can end the wait in time.
+            async with open_jetstream_log(others, **{**kw, "timeout": 600.0}, retry_for=600.0, replay=True) as log:
+                assert "s1" in log
+                pub = publisher_of(log.js)
+                os.kill(cl.procs[leader].pid, signal.SIGSTOP)  # type: ignore[union-attr]
+                try:
+                    async with trio.open_nursery() as nursery:
+                        done = trio.Event()
+
+                        async def write() -> None:
+                            await log.append_many("s1", [SessionRenamed(title="after the election")])
+                            done.set()
+                        nursery.start_soon(write)
+                        with trio.fail_after(60):  # (the publish is out, waiting on the paused leader)
+                            while not await log.bridge.run(lambda: asyncio.sleep(0, len(pub._waiting))):
+                                await trio.sleep(0.01)
+                        cl.kill(leader)  # (SIGKILL a paused process: it dies)
+                        with trio.fail_after(90):
+                            await done.wait()
+                finally:
+                    if cl.procs[leader] is not None:
+                        os.kill(cl.procs[leader].pid, signal.SIGCONT)  # type: ignore[union-attr]
+                assert log.retries >= 1, "sent again"
+                records = await log.read("s1")
+                assert [r.event for r in records[1:]] == [SessionRenamed(title="after the election")]
+        trio.run(main)

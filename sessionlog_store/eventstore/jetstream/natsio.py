@@ -149,13 +149,20 @@ async def enter_answered(stack: AsyncExitStack, opener: Callable[[], AbstractAsy
             await trio.sleep(1.0)
 
 
+class SendAgain(Exception):
+    """A publish that waited for its answer when the stream's leader changed,
+    or the connection was made again: the answer may never come (a leader
+    that died with it), so it is sent again now, same id (stored once),
+    instead of after the answer's whole timeout (`Publisher.send_again`)."""
+
+
 def unanswered(error: BaseException) -> bool:
     """A publish that may not have reached a leader, or whose ack was lost, or
     that the cluster cannot take yet: retried with the same message id, it
     is stored once."""
     import nats.errors
     import nats.js.errors
-    return (isinstance(error, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
+    return (isinstance(error, (SendAgain, nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
                                nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError,
                                nats.js.errors.ServiceUnavailableError,
                                # (a reconnect's buffer full: not sent, so sent again safely)
@@ -285,6 +292,16 @@ class Publisher:
             fut.set_exception(StoreBroken(f"a JetStream answer with no stream sequence: {msg.data[:200]!r}"))
         else:
             fut.set_result(ack)
+
+    def send_again(self, why: str) -> None:
+        """Every publish waiting for its answer gets SendAgain (on the
+        asyncio loop): the stream's leader was elected anew or the connection
+        made again, and an answer the old leader owed is lost with it."""
+        waiting = [fut for fut in self._waiting.values() if not fut.done()]
+        for fut in waiting:
+            fut.set_exception(SendAgain(why))
+        if waiting:
+            _log.info("%s: %d publishes waiting for their answers are sent again", why, len(waiting))
 
     async def publish_all(self, messages: list[tuple[str, bytes, dict[str, str]]]) -> list[Any]:
         """Publish every (subject, data, headers) in order; each one's answer

@@ -673,12 +673,26 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
     bridge = AsyncioThread()
     bridge.start()
     try:
+        made: list[Any] = []  # (the JetStream context, once there)
+
+        async def reconnected() -> None:
+            if made:
+                publisher_of(made[0]).send_again("the connection to the NATS servers was made again")
+
         async def connect() -> Any:
             return await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                      ping_interval=PING_INTERVAL, max_outstanding_pings=2)
+                                      ping_interval=PING_INTERVAL, max_outstanding_pings=2,
+                                      reconnected_cb=reconnected)
         nc = await bridge.run(connect)
         try:
             js = nc.jetstream(timeout=timeout)
+            made.append(js)
+
+            async def leader_elected(msg: Any) -> None:
+                publisher_of(js).send_again(f"stream {stream} has a new leader")
+            # (a publish the old leader owed an answer: sent again at once, not after `timeout`)
+            await bridge.run(lambda: nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}",
+                                                  cb=leader_elected))
 
             atomic = await bridge.run(lambda: ensure_stream(js, stream, prefix, replicas, create))
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for, refuse_conflicts=refuse_conflicts)
