@@ -438,6 +438,34 @@ class Publisher:
                 fut.cancel()
 
 
+async def connect(servers: list[str], timeout: float) -> tuple[Any, Any]:
+    """A log's connection and its JetStream context (`timeout`: a request's
+    answer time): reconnecting for ever, pinging its server every
+    PING_INTERVAL; when the connection is made again, the publishes that
+    waited for answers are sent again at once (`Publisher.send_again`: an
+    answer may be lost with the server). On the asyncio loop."""
+    import nats
+    made: list[Any] = []
+
+    async def reconnected() -> None:
+        if made:
+            publisher_of(made[0]).send_again("the connection to the NATS servers was made again")
+    nc = await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                            ping_interval=PING_INTERVAL, max_outstanding_pings=2, reconnected_cb=reconnected)
+    made.append(nc.jetstream(timeout=timeout))
+    return nc, made[0]
+
+
+async def send_again_at_elections(nc: Any, js: Any, stream: str) -> None:
+    """When the servers announce a new leader of `stream`, the publishes that
+    waited for answers are sent again at once (same ids: stored once): an
+    answer the old leader owed is lost with it, and the write stall of its
+    loss is then the election's, not the election's plus `timeout`."""
+    async def elected(msg: Any) -> None:
+        publisher_of(js).send_again(f"stream {stream} has a new leader")
+    await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}", cb=elected)
+
+
 def publisher_of(js: Any) -> Publisher:
     """The JetStream context's Publisher (made on first use, with the
     context's connection and request timeout)."""

@@ -66,8 +66,9 @@ from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SeqConflic
                      StoreClosed, UnknownSession)
 from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted, SessionFlags
 from ..ids import validate_session_id
-from .natsio import (DIRECT_GETS, PING_INTERVAL, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, ensure_stream,
-                     publish_answered, publisher_of, read_subject, split_by_size, unanswered)
+from .natsio import (DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, connect, ensure_stream,
+                     publish_answered, read_subject, send_again_at_elections, split_by_size,
+                     unanswered)
 from ..record import Record, decode_record, encode_record, scan, with_ends
 from .session import StreamSession
 from .tail import Tail
@@ -198,17 +199,6 @@ class JetStreamLog:
             self._unacked.pop(session_id, None)
         self._durable.set()
         self._durable = trio.Event()
-
-    @property
-    def atomic_batches(self) -> bool:
-        """Whether batches go out as atomic batches now (the stream takes
-        them, and no refusal since said otherwise: Publisher._learn)."""
-        return self.batched and publisher_of(self.js).batching
-
-    @property
-    def refused_batches(self) -> int:
-        """Atomic batches refused whole, published again one by one."""
-        return publisher_of(self.js).refused_batches
 
     # -- writes -------------------------------------------------------------
 
@@ -669,31 +659,12 @@ async def open_jetstream_log(servers: list[str], *, stream: str = "SESSIONLOG", 
     sequence the replay resumes after. Without `create`, a stream that does not
     exist is StoreBroken (nothing is made). A publish that gets no answer (a leader
     being elected, a node lost) is retried for `retry_for` s before the log breaks."""
-    import nats
     bridge = AsyncioThread()
     bridge.start()
     try:
-        made: list[Any] = []  # (the JetStream context, once there)
-
-        async def reconnected() -> None:
-            if made:
-                publisher_of(made[0]).send_again("the connection to the NATS servers was made again")
-
-        async def connect() -> Any:
-            return await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                      ping_interval=PING_INTERVAL, max_outstanding_pings=2,
-                                      reconnected_cb=reconnected)
-        nc = await bridge.run(connect)
+        nc, js = await bridge.run(lambda: connect(servers, timeout))
         try:
-            js = nc.jetstream(timeout=timeout)
-            made.append(js)
-
-            async def leader_elected(msg: Any) -> None:
-                publisher_of(js).send_again(f"stream {stream} has a new leader")
-            # (a publish the old leader owed an answer: sent again at once, not after `timeout`)
-            await bridge.run(lambda: nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}",
-                                                  cb=leader_elected))
-
+            await bridge.run(lambda: send_again_at_elections(nc, js, stream))
             atomic = await bridge.run(lambda: ensure_stream(js, stream, prefix, replicas, create))
             log = JetStreamLog(bridge, js, stream, prefix, retry_for=retry_for, refuse_conflicts=refuse_conflicts)
             log.batched = atomic

@@ -36,6 +36,7 @@ import trio
 from sessionlog_store.eventstore.jetstream.control import StopRequests
 from sessionlog_store.eventstore.events import (MessageCreated, MessageFinalized, MessageProgress, SessionCreated,
                                                 SessionDeleted)
+from sessionlog_store.eventstore.jetstream.natsio import publisher_of
 from sessionlog_store.eventstore.jetstream.streamlog import JetStreamLog
 from sessionlog_store.eventstore.jetstream.objects import StreamObjects, first_stream_seq, stream_facts, subject_from
 from sessionlog_store.eventstore.jetstream.leases import REASON, TURN, LeaseTaken, Leases, lease_key
@@ -181,14 +182,15 @@ class Worker:
 
     def figures(self) -> list[tuple[str, str, str, float]]:
         es = self.es
+        publisher = publisher_of(es.js)  # (what its refusals taught it: natsio.Publisher._learn)
         return [
             ("counter", "sessionlog_stream_conflicts", "Publishes refused for another worker's, rebased", es.conflicts),
             ("counter", "sessionlog_stream_retries", "Publishes sent again after no answer (leader elections)",
              es.retries),
             ("gauge", "sessionlog_stream_atomic_batches", "1: a batch's messages go out as JetStream atomic batches "
-             "(0: one by one: the stream does not take them)", float(es.atomic_batches)),
+             "(0: one by one: the stream does not take them)", float(es.batched and publisher.batching)),
             ("counter", "sessionlog_stream_batches_refused", "Atomic batches refused whole (a conflict, a retry of "
-             "a stored batch, the servers' limits), published again one message at a time", es.refused_batches),
+             "a stored batch, the servers' limits), published again one message at a time", publisher.refused_batches),
             ("gauge", "sessionlog_stream_position", "Stream sequence of the last message the tail delivered",
              es.tail_position),
             ("counter", "sessionlog_replies_swept", "Dead workers' replies this worker aborted", len(self.swept)),
