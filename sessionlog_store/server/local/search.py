@@ -207,6 +207,10 @@ class SearchIndex:
         self.fold = SearchFold(content_of)
         self.owner_of, self.last_seq, self.sessions = owner_of, last_seq, sessions
         self.read_state, self.durable = read_state, durable
+        # Each session and its last seq as the start left them: what catch_up
+        # brings up to date (what is appended after, on_record folds: a
+        # session made while catch_up waits on the index file is not read again).
+        self._at_start = {sid: last_seq(sid) for sid in sessions()}
         self._stuck: set[str] = set()  # sessions not read this run: their watermarks stay
         self._queue: list[tuple[str, Op, int]] = []  # (session, op, seq) as appended
         self._seen: dict[str, int] = {}              # session -> the last seq folded
@@ -317,14 +321,14 @@ class SearchIndex:
         await self._call(self.db.write, [("replace", (sid, owner, puts))], {sid: state.seq})
 
     async def catch_up(self) -> None:
-        """Every session whose log is past what the index holds of it, again;
-        what it holds of sessions gone, out."""
+        """Every session whose log was past what the index holds of it when
+        the store started, again; what it holds of sessions gone, out."""
+        at_start, self._at_start = self._at_start, {}
         done = await self._call(self.db.indexed)
-        live = set(self.sessions())
-        gone = [sid for sid in done if sid not in live]
+        gone = [sid for sid in done if sid not in at_start]
         if gone:
             await self._call(self.db.write, [("drop", sid) for sid in gone], {sid: -1 for sid in gone})
-        behind = [sid for sid in live if done.get(sid, 0) < self.last_seq(sid)]
+        behind = [sid for sid, last in at_start.items() if done.get(sid, 0) < last]
         for sid in behind:
             await self.reindex(sid)
         if behind or gone:
