@@ -77,8 +77,8 @@ def build(path: str, n: int, words: list[str], rng: random.Random, batch: int = 
 def queries(root: str, words: list[str], rng: random.Random, n: int) -> list[dict[str, Any]]:
     async def unused(*_: Any) -> Any:  # (queries only: nothing is read or written here)
         raise AssertionError("not called by a query")
-    idx = SearchIndex(root, owner_of=lambda sid: "", last_seq=lambda sid: 0, content_of=lambda sid, mid: None,
-                      sessions=lambda: [], read_state=unused, durable=unused)
+    idx = SearchIndex(root, owner_of=lambda sid: "", at_start={}, content_of=lambda sid, mid: None,
+                      read_state=unused, durable=unused)
     idx.catching_up = False
     rows: list[dict[str, Any]] = []
 

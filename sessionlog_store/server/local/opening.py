@@ -48,10 +48,10 @@ async def open_local_store(root: str, *, config: StoreConfig | None = None, fs: 
         kept = store.keeper
         assert isinstance(kept, LocalKeeper)
         await start(store, config, es, kept.caches, kept.prefix_check, LocalProjectLog(fs, root), damaged, report)
+        at_start = {sid: es.last_seq(sid) for sid in store.registry.rows}  # (on this thread: before any append)
         search = await trio.to_thread.run_sync(lambda: SearchIndex(
             root, owner_of=lambda sid: (m.owner if (m := store.registry.get(sid)) is not None else None),
-            last_seq=es.last_seq, content_of=store.loaded_content, sessions=lambda: list(store.registry.rows), read_state=kept.read_state,
-            durable=es.durable))
+            at_start=at_start, content_of=store.loaded_content, read_state=kept.read_state, durable=es.durable))
         store.search = search
         es.listeners.append(search.on_record)
         try:

@@ -17,7 +17,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -198,19 +198,18 @@ class SearchIndex:
     stops the writing (watermarks stay where they were: the next start
     catches up); a session that cannot be read keeps its old watermark."""
 
-    def __init__(self, root: str, *, owner_of: Callable[[str], str | None], last_seq: Callable[[str], int],
-                 content_of: Callable[[str, str], str | None],
-                 sessions: Callable[[], Iterable[str]], read_state: Callable[[str], Awaitable[SessionState]],
+    def __init__(self, root: str, *, owner_of: Callable[[str], str | None], at_start: dict[str, int],
+                 content_of: Callable[[str, str], str | None], read_state: Callable[[str], Awaitable[SessionState]],
                  durable: Callable[[], Awaitable[None]]) -> None:
         self.root = root
         self.db = SearchDB(os.path.join(root, FILE))
         self.fold = SearchFold(content_of)
-        self.owner_of, self.last_seq, self.sessions = owner_of, last_seq, sessions
-        self.read_state, self.durable = read_state, durable
-        # Each session and its last seq as the start left them: what catch_up
-        # brings up to date (what is appended after, on_record folds: a
-        # session made while catch_up waits on the index file is not read again).
-        self._at_start = {sid: last_seq(sid) for sid in sessions()}
+        self.owner_of, self.read_state, self.durable = owner_of, read_state, durable
+        # Each session and its last seq as the start left them (taken by the
+        # opener before the store is used): what catch_up brings up to date;
+        # what is appended after, on_record folds (a session made while
+        # catch_up waits on the index file is not read again).
+        self._at_start = at_start
         self._stuck: set[str] = set()  # sessions not read this run: their watermarks stay
         self._queue: list[tuple[str, Op, int]] = []  # (session, op, seq) as appended
         self._seen: dict[str, int] = {}              # session -> the last seq folded
