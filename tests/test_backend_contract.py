@@ -277,6 +277,53 @@ class TestJetStreamLog(EventLogContract):
                 assert [r.event.content_delta for r in own[1:]] == [f"{i}" for i in range(25)]  # type: ignore[attr-defined]
             print(f"conflicts rebased: a {a.conflicts}, b {b.conflicts}; atomic batches refused whole: {refused}")
 
+    async def test_a_conflicts_rebase_holds_no_other_session_back(self, tmp_path):
+        """Worker a appends to s1 before its tail has brought b's append
+        (a tail that lags): the fence refuses it and a reads s1 again. That
+        read is held here (a long session's, or one whose other write is
+        not readable yet): meanwhile a's appends to another session are
+        durable, and what a appends to s1 waits. Let go, s1 holds b's record
+        and then a's two, in order, after one conflict."""
+        from sessionlog_store.eventstore.jetstream.streamlog import open_jetstream_log
+        kw = {"stream": self.stream, "prefix": self.prefix, "timeout": 3}
+        async with open_jetstream_log(self.cluster.urls, **kw) as a, open_jetstream_log(self.cluster.urls, **kw) as b:
+            seen = self.mirror(a)
+            for sid in ("s1", "s2"):
+                await a.create(sid, [born(sid)])
+            with trio.fail_after(10):
+                while "s1" not in b:
+                    await trio.sleep(0.01)
+            held: list[tuple[str, bytes, int, bool]] = []  # a's tail's messages of s1, held back
+            tailed, read = a._tailed, a._messages  # type: ignore[attr-defined]
+            a._tailed = lambda subject, data, seq, own: (  # type: ignore[attr-defined]
+                held.append((subject, data, seq, own)) if subject.endswith(".s1") else tailed(subject, data, seq, own))
+            reading, let_go = trio.Event(), trio.Event()
+
+            async def held_read(sid: str):  # type: ignore[no-untyped-def]
+                if sid == "s1":
+                    reading.set()
+                    await let_go.wait()
+                return await read(sid)
+            a._messages = held_read  # type: ignore[attr-defined]
+            await b.append_many("s1", [SessionRenamed(title="b")])
+            a.append_nowait("s1", SessionRenamed(title="a1"))  # fenced on s1's first message: refused
+            with trio.fail_after(30):
+                await reading.wait()
+                a.append_nowait("s1", SessionRenamed(title="a2"))  # (waits for the rebase)
+                await a.append_many("s2", [SessionRenamed(title="meanwhile")])
+            assert a.durable_seq("s2") == 2 and a.durable_seq("s1") == 1 and a.conflicts == 1
+            let_go.set()
+            with trio.fail_after(30):
+                await a.flush()
+            a._tailed = tailed  # type: ignore[attr-defined]
+            for message in held:
+                tailed(*message)
+            stored = await b.read("s1")
+            assert [(r.seq, r.event) for r in stored[1:]] == [
+                (2, SessionRenamed(title="b")), (3, SessionRenamed(title="a1")), (4, SessionRenamed(title="a2"))]
+            assert a.conflicts == 1, "a's lines appended during the rebase were published on a stale fence"
+            assert seen["s1"] == [(r.seq, r.event) for r in stored]
+
     async def test_a_session_made_by_two_writers_at_once_is_one_writers(self, tmp_path):
         """Two workers create one id at once: one gets SessionExists and then
         knows the winner's session (and may append to it)."""

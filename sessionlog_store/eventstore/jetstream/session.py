@@ -9,7 +9,8 @@ import secrets
 from collections.abc import Sequence
 
 from ..errors import MessageFinished, UnknownSession
-from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted
+from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted, SessionFlags
+from ..record import Record, decode_record, encode_record
 
 
 class StreamSession:
@@ -62,3 +63,34 @@ class StreamSession:
     @property
     def pending(self) -> bool:
         return self.last_seq > self.durable_seq
+
+    def put_after(self, old: StreamSession, pending: Sequence[tuple[int, bytes]],
+                  finalized: set[str]) -> tuple[list[tuple[int, bytes]], list[Record]]:
+        """A rebase's step (streamlog.py), pure: this session is the one read
+        again from the stream; `pending` the old one's lines the stream
+        refused or that wait, put after what the stream holds, renumbered
+        (`old.renumber` says where its waiters' seqs went). Each line's new
+        (seq, line) and its record. A finalize or progress of a message in
+        `finalized` (the other writer finalized it: a stop racing the reply's
+        own end, two sweepers) is void now, nothing follows a finalize, and
+        the idle flag that came with a dropped finalize goes too."""
+        lines: list[tuple[int, bytes]] = []
+        records: list[Record] = []
+        dropped = False
+        for old_seq, line in pending:
+            rec = decode_record(line)
+            ev = rec.event
+            if (isinstance(ev, (MessageFinalized, MessageProgress)) and ev.msg_id in finalized) or \
+                    (dropped and isinstance(ev, SessionFlags) and ev.status == "idle"):
+                old.renumber[old_seq] = self.durable_seq
+                dropped = isinstance(ev, MessageFinalized)
+                continue
+            dropped = False
+            self.last_seq += 1
+            self.took(ev)
+            line = encode_record(self.last_seq, rec.ts, ev)
+            self.end += len(line)
+            old.renumber[old_seq] = self.last_seq
+            lines.append((self.last_seq, line))
+            records.append(Record(self.last_seq, rec.ts, ev))
+        return lines, records

@@ -30,14 +30,14 @@ publish that gets no answer (a leader election) is sent again, same id, for
 fatal, as a failed sync is for the files.
 
 A publish refused by the fence (another writer appended to the session
-since) is a conflict, not a failure: the log reads the session again and
-puts its unacknowledged records after the other writer's, renumbered (a
-waiter's seq follows them); if the other writer created or deleted the
-session, they are refused instead (SessionExists, UnknownSession). What the
-listeners saw of that session is void: `reset_listeners` get its records
-as they now stand, to fold again. While this log has records of a session
-in flight, the tail's messages of it wait (`deferred`): applied after the
-ack when stored after it, read again by the rebase when stored before.
+since) is a conflict, not a failure: the log reads the session again, while
+the other sessions' batches go on, and puts its unacknowledged records after
+the other writer's, renumbered (a waiter's seq follows them); if that one
+created or deleted the session, they are refused (SessionExists,
+UnknownSession). What the listeners saw of that session is void: the
+`reset_listeners` fold its records again as they now stand. While this log
+has records of a session in flight, the tail's messages of it wait
+(`deferred`): applied after the ack, read again by a rebase if before it.
 Reading a session walks its subject with direct gets; removing one purges
 its subject (after its tombstone record was appended and acknowledged); the
 log's own tombstone refuses anything after it (a producer's last text).
@@ -64,12 +64,12 @@ import trio
 from ..backend import Appended, CommitStatistics, EventLog, Failed, RecordListener, append_each
 from ..errors import (CorruptRecord, EventStoreError, RecordTooLarge, SeqConflict, SessionExists, StoreBroken,
                      StoreClosed, UnknownSession)
-from ..events import Event, MessageFinalized, MessageProgress, SessionDeleted, SessionFlags
+from ..events import Event, MessageFinalized, SessionDeleted
 from ..ids import validate_session_id
 from .natsio import (DIRECT_GETS, WRITER_HEADER, WRONG_LAST_SEQUENCE, AsyncioThread, connect, ensure_stream,
                      publish_answered, read_subject, send_again_at_elections, split_by_size,
                      unanswered)
-from ..record import Record, decode_record, encode_record, scan, with_ends
+from ..record import Record, encode_record, scan, with_ends
 from .session import StreamSession
 from .tail import Tail
 
@@ -128,6 +128,8 @@ class JetStreamLog:
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._sessions: dict[str, StreamSession] = {}
         self._filling: dict[str, list[tuple[int, bytes]]] = {}
+        self._rebasing: set[str] = set()  # sessions whose conflict is being rebased: their lines wait
+        self._rebase_slots = trio.CapacityLimiter(8)  # (each reads a whole session)
         self._wake = trio.Event()
         self._durable = trio.Event()  # set (and replaced) after each batch
         self._broken: BaseException | None = None
@@ -295,85 +297,102 @@ class JetStreamLog:
                     continue
 
     async def _commit(self) -> None:
-        """The committer: one crossing and one pipelined publish a batch."""
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            batch, self._filling = self._filling, {}
-            opened = self._opened
-            if not batch or self._broken is not None:
-                continue
-            js, retry_for = self.js, self.retry_for
-            # Each session's lines in messages of at most max_message bytes: the
-            # first message of every session at once, then the second of those
-            # that have one (fenced on the first's ack), and so on.
-            chunks = {sid: split_by_size(items, self.max_message) for sid, items in batch.items()}
-            fence = {sid: self._sessions[sid].stream_seq for sid in batch}
-            conflicted: list[tuple[str, list[tuple[int, bytes]]]] = []
-            failed: BaseException | None = None
-            published = 0
-            rnd = 0
-            while failed is None:
-                live = [sid for sid in batch if len(chunks[sid]) > rnd and sid not in {c for c, _ in conflicted}]
-                if not live:
-                    break
-                messages = [(self.subject(sid), b"".join(line for _, line in chunks[sid][rnd]), {
-                    "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{chunks[sid][rnd][0][0]}-{chunks[sid][rnd][-1][0]}",
-                    "Nats-Expected-Last-Subject-Sequence": str(fence[sid]),
-                    WRITER_HEADER: self.worker}) for sid in live]
-                published += sum(len(m[1]) for m in messages)
-                try:
-                    acks = await self.bridge.run(lambda: publish_answered(js, messages, retry_for, self.retried,
-                                                                          batched=self.batched))
-                except Exception as e:  # the crossing itself failed
-                    acks = [e] * len(live)
-                for sid, ack in zip(live, acks):
-                    sess = self._sessions[sid]
-                    if not isinstance(ack, BaseException):
-                        fence[sid] = ack.seq
-                        unacked = self._unacked.get(sid)
-                        if unacked:
-                            recs = [unacked.pop(seq) for seq, _ in chunks[sid][rnd] if seq in unacked]
-                            if len(recs) == len(chunks[sid][rnd]):
-                                self._own_records[ack.seq] = recs
-                        sess.stream_seq = max(sess.stream_seq, ack.seq)
-                        self.written_position = max(self.written_position, ack.seq)
-                        sess.durable_seq = max(sess.durable_seq, chunks[sid][rnd][-1][0])
-                    elif getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
-                        conflicted.append((sid, [item for chunk in chunks[sid][rnd:] for item in chunk]))
-                        self._unacked.pop(sid, None)  # (renumbered by the rebase: decoded from the tail's)
-                    else:
-                        failed = ack
-                rnd += 1
-            if failed is not None:
-                self._fail(failed)
-                continue
-            for sid in batch:
+        """The committer: one crossing and one pipelined publish a batch; a
+        conflict is rebased beside it (`_rebase_beside`)."""
+        async with trio.open_nursery() as rebases:
+            while True:
+                await self._commit_batch(rebases)
+
+    async def _commit_batch(self, rebases: trio.Nursery) -> None:
+        await self._wake.wait()
+        self._wake = trio.Event()
+        batch, self._filling = self._filling, {}
+        opened = self._opened
+        for sid in self._rebasing & batch.keys():
+            self._filling[sid] = batch.pop(sid)
+            self._opened = time.perf_counter()  # (what waits is the next batch's)
+        if not batch or self._broken is not None:
+            return
+        js, retry_for = self.js, self.retry_for
+        # Each session's lines in messages of at most max_message bytes: the
+        # first message of every session at once, then the second of those
+        # that have one (fenced on the first's ack), and so on.
+        chunks = {sid: split_by_size(items, self.max_message) for sid, items in batch.items()}
+        fence = {sid: self._sessions[sid].stream_seq for sid in batch}
+        conflicted: list[tuple[str, list[tuple[int, bytes]]]] = []
+        failed: BaseException | None = None
+        published = 0
+        rnd = 0
+        while failed is None:
+            live = [sid for sid in batch if len(chunks[sid]) > rnd and sid not in {c for c, _ in conflicted}]
+            if not live:
+                break
+            messages = [(self.subject(sid), b"".join(line for _, line in chunks[sid][rnd]), {
+                "Nats-Msg-Id": f"{sid}:{self._sessions[sid].born}:{chunks[sid][rnd][0][0]}-{chunks[sid][rnd][-1][0]}",
+                "Nats-Expected-Last-Subject-Sequence": str(fence[sid]),
+                WRITER_HEADER: self.worker}) for sid in live]
+            published += sum(len(m[1]) for m in messages)
+            try:
+                acks = await self.bridge.run(lambda: publish_answered(js, messages, retry_for, self.retried,
+                                                                      batched=self.batched))
+            except Exception as e:  # the crossing itself failed
+                acks = [e] * len(live)
+            for sid, ack in zip(live, acks):
                 sess = self._sessions[sid]
-                if sess.deferred and not sess.pending:  # others' messages stored after ours
-                    deferred, sess.deferred = sess.deferred, []
-                    for data, stream_seq in deferred:
-                        self._take_foreign(self.subject(sid), data, stream_seq)
-            refused = {sid for sid, _ in conflicted}
-            records = sum(len(items) for sid, items in batch.items() if sid not in refused)
-            st = self._stats
-            st[0], st[1], st[2], st[3] = st[0] + 1, st[1] + records, max(st[2], records), st[3] + len(batch)
-            self.bytes_appended += published
-            now = time.perf_counter()
-            for bl in self.batch_listeners:
-                bl(records, opened, now)
-            self._durable.set()
-            self._durable = trio.Event()
-            for sid, items in conflicted:
-                try:
-                    await self._rebase(sid, items)
-                except EventStoreError as e:
-                    # A conflict about one session is that session's business:
-                    # its appends are refused, nothing else fails.
-                    self._refuse(sid, e)
-                except Exception as e:  # noqa: BLE001 - the stream could not be read: as a failed write
-                    self._fail(e)
-                    break
+                if not isinstance(ack, BaseException):
+                    fence[sid] = ack.seq
+                    unacked = self._unacked.get(sid)
+                    if unacked:
+                        recs = [unacked.pop(seq) for seq, _ in chunks[sid][rnd] if seq in unacked]
+                        if len(recs) == len(chunks[sid][rnd]):
+                            self._own_records[ack.seq] = recs
+                    sess.stream_seq = max(sess.stream_seq, ack.seq)
+                    self.written_position = max(self.written_position, ack.seq)
+                    sess.durable_seq = max(sess.durable_seq, chunks[sid][rnd][-1][0])
+                elif getattr(ack, "err_code", None) in WRONG_LAST_SEQUENCE:
+                    conflicted.append((sid, [item for chunk in chunks[sid][rnd:] for item in chunk]))
+                    self._unacked.pop(sid, None)  # (renumbered by the rebase: decoded from the tail's)
+                else:
+                    failed = ack
+            rnd += 1
+        if failed is not None:
+            self._fail(failed)
+            return
+        for sid in batch:
+            sess = self._sessions[sid]
+            if sess.deferred and not sess.pending:  # others' messages stored after ours
+                deferred, sess.deferred = sess.deferred, []
+                for data, stream_seq in deferred:
+                    self._take_foreign(self.subject(sid), data, stream_seq)
+        refused = {sid for sid, _ in conflicted}
+        records = sum(len(items) for sid, items in batch.items() if sid not in refused)
+        st = self._stats
+        st[0], st[1], st[2], st[3] = st[0] + 1, st[1] + records, max(st[2], records), st[3] + len(batch)
+        self.bytes_appended += published
+        now = time.perf_counter()
+        for bl in self.batch_listeners:
+            bl(records, opened, now)
+        self._durable.set()
+        self._durable = trio.Event()
+        for sid, items in conflicted:
+            self._rebasing.add(sid)
+            rebases.start_soon(self._rebase_beside, sid, items)
+
+    async def _rebase_beside(self, session_id: str, refused: list[tuple[int, bytes]]) -> None:
+        """A conflict about one session is that session's business: it is
+        rebased while the committer goes on with the others (a read of a
+        long session, or of one whose other write is not readable yet, holds
+        no one else back); its appends wait meanwhile, or are refused."""
+        try:
+            async with self._rebase_slots:
+                await self._rebase(session_id, refused)
+        except EventStoreError as e:
+            self._refuse(session_id, e)
+        except Exception as e:  # noqa: BLE001 - the stream could not be read: as a failed write
+            self._fail(e)
+        finally:
+            self._rebasing.discard(session_id)
+            self._wake.set()  # (its lines: in the next batch)
 
     async def _rebase(self, session_id: str, refused: list[tuple[int, bytes]]) -> None:
         """Another writer appended to the session since this log's last
@@ -416,29 +435,10 @@ class JetStreamLog:
                 new.deleted = True
                 records = []
         else:
-            rebased = self._filling.setdefault(session_id, [])
-            dropped = False
-            for old_seq, line in pending:
-                rec = decode_record(line)
-                ev = rec.event
-                # A finalize or progress of a message the other writer finalized (a
-                # stop racing the reply's own end, two sweepers): void now, nothing
-                # follows a finalize. The idle flag that came with a finalize goes too.
-                if (isinstance(ev, (MessageFinalized, MessageProgress)) and ev.msg_id in finalized) or \
-                        (dropped and isinstance(ev, SessionFlags) and ev.status == "idle"):
-                    old.renumber[old_seq] = new.durable_seq
-                    dropped = isinstance(ev, MessageFinalized)
-                    continue
-                dropped = False
-                new.last_seq += 1
-                new.took(ev)
-                line = encode_record(new.last_seq, rec.ts, rec.event)
-                new.end += len(line)
-                old.renumber[old_seq] = new.last_seq
-                rebased.append((new.last_seq, line))
-                records.append(Record(new.last_seq, rec.ts, rec.event))
-            if not rebased:
-                del self._filling[session_id]
+            rebased, mine = new.put_after(old, pending, finalized)
+            records += mine
+            if rebased:
+                self._filling[session_id] = rebased
             self._wake.set()
         for listener in self.reset_listeners:
             listener(session_id, records, new.end)
