@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sessionlog_store.eventstore.errors import EventStoreError
 from sessionlog_store.server.version import DISTRIBUTION, version
@@ -193,9 +193,22 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_users(args: argparse.Namespace) -> int:
-    """Offboarding one user (server/offboard.py): list, export, delete, transfer."""
+    """Offboarding one user (server/offboard.py): list, export, delete, transfer;
+    on a shared stream, as one more worker (no data root of its own)."""
     from sessionlog_store.server import offboard
+    if args.backend:
+        _need_nats()
+        check_nats_servers(args)
+        return offboard.run(args, os.path.abspath(args.root), _stream_config(args, make_stream=False))
     return offboard.run(args, _existing_store(args.root))
+
+
+def _stream_config(args: argparse.Namespace, **more: Any):
+    """The StoreConfig of a worker on the shared stream `--backend` names."""
+    from sessionlog_store.server.config import StoreConfig
+    return StoreConfig(backend=args.backend, stream=args.nats_stream, replicas=args.nats_replicas,
+                       lease_ttl=args.lease_ttl, publish_retry=args.nats_retry_for,
+                       stream_checkpoint_interval=args.nats_checkpoint_interval, **more)
 
 
 def maintenance_config(args: argparse.Namespace):
@@ -206,15 +219,12 @@ def maintenance_config(args: argparse.Namespace):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     args.forwarded_allow_ips = [ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()]
-    from sessionlog_store.server.config import StoreConfig
     from sessionlog_store.server.run import run_server
     if args.backend:
         _need_nats()
         check_nats_servers(args)
-    return run_server(args, store_config=StoreConfig(
-        backend=args.backend, stream=args.nats_stream, replicas=args.nats_replicas, lease_ttl=args.lease_ttl,
-        publish_retry=args.nats_retry_for,
-        stream_checkpoint_interval=args.nats_checkpoint_interval,
+    return run_server(args, store_config=_stream_config(
+        args,
         project_roots=tuple(os.path.abspath(r) for r in args.project_root), many_users=args.auth != "token",
         maintenance=maintenance_config(args), sync_mode=args.sync_mode,
         journal_sync_interval=args.journal_sync_interval, log_write_interval=args.log_write_interval,
@@ -626,6 +636,7 @@ def _users_commands(sub: argparse._SubParsersAction, root_help: str) -> None:
         ("transfer", "give every session and project of one user to another (an appended record each)"))}
     for name, q in made.items():
         q.add_argument("--root", default=default_root(), help=root_help)
+        _backend(q)
         if name != "list":
             q.add_argument("user", metavar="USER", help=who)
         if name in ("delete", "transfer"):

@@ -50,4 +50,5 @@ class StoreConfig:
     lease_ttl: float = 15.0
     publish_retry: float = 60.0           # a publish unanswered this long fails the store (the worker exits 5)
     stream_checkpoint_interval: float = 30.0  # the stream's registry checkpoint (scaleout.py; 0: none)
+    make_stream: bool = True              # a worker makes the stream if missing (offboarding: no, a typo is an error)
 

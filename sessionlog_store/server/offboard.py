@@ -7,7 +7,9 @@ user (streams are not given: export or delete them).
 Each command opens the store as a start does: its lock is held (the server
 must be stopped), the journal a crash left is applied, a dead server's
 replies are aborted; the retention rules are off, so nothing is removed
-that was not asked for. Changes go through the store's own paths: a
+that was not asked for. On a shared stream (`--backend nats://…`) it opens
+as one more worker while the others serve: its changes reach them as any
+worker's do. Changes go through the store's own paths: a
 deletion is the durable tombstone `delete_session` writes, a transfer an
 appended `owner_changed` record per session and `project_owner_changed` per
 project (the owner is recorded in the log, so it is changed in the log:
@@ -25,7 +27,7 @@ import time
 import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Final, TypeVar
 
 import trio
@@ -41,6 +43,7 @@ from sessionlog_store.server.domain.store import SessionStore
 from sessionlog_store.server.stores import open_session_store
 from sessionlog_store.server.domain.streamspace import StreamSpace
 from sessionlog_store.server.local.streamspace import open_stream_space, stream_log_bytes
+from sessionlog_store.server.scaleout.streamspace import open_shared_stream_space, shared_log_bytes
 from sessionlog_store.projections.dstream import StreamState
 from sessionlog_store.server.edge.auth import user_id
 
@@ -95,9 +98,11 @@ class Holdings:
 
 @dataclass
 class Opened:
-    """A data root opened for offboarding: its sessions' store and its streams."""
+    """A data root (or a shared stream) opened for offboarding: its sessions'
+    store, its streams, and how a stream's log is read whole."""
     store: SessionStore
     space: StreamSpace
+    stream_log: Callable[[StreamSpace, str], Awaitable[bytes]] = stream_log_bytes
 
 
 def _unknown_owner(store: SessionStore, sid: str) -> bool:
@@ -125,12 +130,18 @@ def holdings(opened: Opened, user: str) -> Holdings:
 
 
 @asynccontextmanager
-async def open_store(root: str) -> AsyncIterator[Opened]:
+async def open_store(root: str, config: StoreConfig | None = None) -> AsyncIterator[Opened]:
     """The store opened as a start opens it, the retention rules off, and every
     log checked whole (what a start's checkpoint let it skip too): a damaged
-    session is known before anything is done to it; and the root's streams."""
-    async with open_session_store(root, config=StoreConfig(maintenance=_NO_RETENTION)) as store, \
-            open_stream_space(root) as space:
+    session is known before anything is done to it; and the root's streams.
+    A `config` with a backend: a worker's store on that shared stream, and
+    the workers' stream space (`root` holds nothing of theirs)."""
+    config = replace(config or StoreConfig(), maintenance=_NO_RETENTION)
+    if config.backend:
+        async with open_session_store(root, config=config) as store, open_shared_stream_space(config) as shared:
+            yield Opened(store, shared, shared_log_bytes)
+        return
+    async with open_session_store(root, config=config) as store, open_stream_space(root) as space:
         await store.check_logs()
         yield Opened(store, space)
 
@@ -192,7 +203,7 @@ async def export(opened: Opened, user: str, out: IO[bytes]) -> Holdings:
             data = await store.log_bytes(m.id)
             await trio.to_thread.run_sync(_add, tar, f"sessions/{m.id}/log.jsonl", data)
         for st in h.streams:
-            data = await stream_log_bytes(opened.space, st.log_id)
+            data = await opened.stream_log(opened.space, st.log_id)
             await trio.to_thread.run_sync(_add, tar, f"streams/sessions/{st.log_id}/log.jsonl", data)
     return h
 
@@ -299,8 +310,9 @@ async def transfer(opened: Opened, user: str, to: str, *, dry_run: bool = False)
 
 # -- the command line -------------------------------------------------------------
 
-def run(args: argparse.Namespace, root: str) -> int:
-    """Run `sessionlog users ...` on the existing data root `root`."""
+def run(args: argparse.Namespace, root: str, config: StoreConfig | None = None) -> int:
+    """Run `sessionlog users ...` on the existing data root `root`, or with
+    `config` naming a backend, on that shared stream."""
     try:
         user = parse_user(args.user) if args.users_command != "list" else ""
         to = parse_user(args.to, "--to") if args.users_command == "transfer" else ""
@@ -310,15 +322,15 @@ def run(args: argparse.Namespace, root: str) -> int:
     try:
         match args.users_command:
             case "list":
-                return _run_trio(_list, root)
+                return _run_trio(_list, root, config)
             case "export":
-                return _export(root, user, args.out)
+                return _export(root, config, user, args.out)
             case "delete":
-                out = _run_trio(_change, root, lambda s: delete(s, user, dry_run=args.dry_run))
+                out = _run_trio(_change, root, config, lambda s: delete(s, user, dry_run=args.dry_run))
                 verb = "would delete" if args.dry_run else "deleted"
                 return _report(out, f"{verb} {_count(out)} of user {user!r}")
             case "transfer":
-                out = _run_trio(_change, root, lambda s: transfer(s, user, to, dry_run=args.dry_run))
+                out = _run_trio(_change, root, config, lambda s: transfer(s, user, to, dry_run=args.dry_run))
                 verb = "would transfer" if args.dry_run else "transferred"
                 return _report(out, f"{verb} {_count(out)} of user {user!r} to {to!r}")
     except UsageError as e:
@@ -346,8 +358,8 @@ def _run_trio(fn: Callable[..., Awaitable[T]], *args: object) -> T:
         raise
 
 
-async def _list(root: str) -> int:
-    async with open_store(root) as opened:
+async def _list(root: str, config: StoreConfig | None) -> int:
+    async with open_store(root, config) as opened:
         lines, unknown = owners(opened)
         unreadable = dict(opened.space.unreadable)
     for line in lines:
@@ -363,16 +375,16 @@ async def _list(root: str) -> int:
     return EXIT_OK
 
 
-async def _change(root: str, change: Callable[[Opened], Awaitable[Outcome]]) -> Outcome:
-    async with open_store(root) as opened:
+async def _change(root: str, config: StoreConfig | None, change: Callable[[Opened], Awaitable[Outcome]]) -> Outcome:
+    async with open_store(root, config) as opened:
         return await change(opened)
 
 
-def _export(root: str, user: str, path: str | None) -> int:
+def _export(root: str, config: StoreConfig | None, user: str, path: str | None) -> int:
     if path is None:
         if sys.stdout.isatty():
             raise ValueError("a tar is binary: give --out FILE, or redirect stdout")
-        h = _run_trio(_export_to, root, user, sys.stdout.buffer)
+        h = _run_trio(_export_to, root, config, user, sys.stdout.buffer)
         sys.stdout.buffer.flush()
     else:
         if os.path.lexists(path):
@@ -380,7 +392,7 @@ def _export(root: str, user: str, path: str | None) -> int:
         part = f"{path}.partial"
         try:
             with open(part, "xb") as f:
-                h = _run_trio(_export_to, root, user, f)
+                h = _run_trio(_export_to, root, config, user, f)
                 f.flush()
                 OS_FILES.fsync(f.fileno())  # (after trio.run: no loop to hold up)
             os.replace(part, path)
@@ -396,8 +408,8 @@ def _export(root: str, user: str, path: str | None) -> int:
     return EXIT_OK
 
 
-async def _export_to(root: str, user: str, out: IO[bytes]) -> Holdings:
-    async with open_store(root) as opened:
+async def _export_to(root: str, config: StoreConfig | None, user: str, out: IO[bytes]) -> Holdings:
+    async with open_store(root, config) as opened:
         return await export(opened, user, out)
 
 

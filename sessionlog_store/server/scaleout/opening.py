@@ -84,7 +84,7 @@ async def start_worker(store: SessionStore, worker: Worker, config: StoreConfig)
 @asynccontextmanager
 async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamLog, Registry, Leases, RunningIndex,
                                                                          Checkpoints]]:
-    """The shared stream (created if missing) with the registry and the
+    """The shared stream (made if missing: `make_stream`) with the registry and the
     running replies folded from it (from the stream's registry checkpoint
     and the messages after it), the lease bucket and the checkpoints."""
     registry, running = Registry(), RunningIndex()
@@ -105,7 +105,7 @@ async def open_worker_log(config: StoreConfig) -> AsyncIterator[tuple[JetStreamL
     async with open_jetstream_log(list(config.backend), stream=config.stream,
                                   prefix=config.subject_prefix or default_prefix(config.stream), replicas=config.replicas,
                                   replay=True, listeners=[registry.apply, running.apply], seed=seed,
-                                  retry_for=config.publish_retry) as es:
+                                  retry_for=config.publish_retry, create=config.make_stream) as es:
         es.listeners.remove(registry.apply)  # the store's own listener folds the registry from now on
         es.reset_listeners.remove(gone)
         es.replay_seconds = time.monotonic() - t0

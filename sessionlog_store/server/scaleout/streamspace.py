@@ -326,6 +326,14 @@ class SharedStreamSpace(StreamSpace):
                 del self._early[fid]
 
 
+async def shared_log_bytes(space: StreamSpace, log_id: str) -> bytes:
+    """A stream's log as the shared stream holds it (local/streamspace.py's
+    stream_log_bytes for a worker: what this worker appended acknowledged first)."""
+    es = space.es
+    assert isinstance(es, JetStreamLog)
+    return await es.log_bytes(log_id)
+
+
 def space_stream(config: StoreConfig) -> tuple[str, str]:
     """The JetStream stream of a worker's generic streams, and its subjects' prefix."""
     return f"{config.stream}-DS", f"ds.{config.stream}"
@@ -346,8 +354,8 @@ async def open_shared_stream_space(config: StoreConfig) -> AsyncIterator[SharedS
         # (like the worker's store: a start the cluster does not answer is made again)
         await enter_answered(stack, lambda: open_jetstream_log(
             list(config.backend), stream=stream, prefix=prefix, replicas=config.replicas, replay=True, seed=attach,
-            retry_for=config.publish_retry, refuse_conflicts=True), retry_for=config.publish_retry,
-            what="the stream space")
+            retry_for=config.publish_retry, refuse_conflicts=True, create=config.make_stream),
+            retry_for=config.publish_retry, what="the stream space")
         space = spaces[-1]  # (the start that was answered)
         async with trio.open_nursery() as nursery:
             await nursery.start(space.run)
