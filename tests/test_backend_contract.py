@@ -5,6 +5,7 @@ runs it in each sync mode; a second backend (issue 17) adds its subclass."""
 from __future__ import annotations
 
 import errno
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -305,16 +306,25 @@ class TestJetStreamLog(EventLogContract):
                     await let_go.wait()
                 return await read(sid)
             a._messages = held_read  # type: ignore[attr-defined]
+            batches: list[tuple[int, float]] = []  # (records, perf_counter() of the batch's first): the metric's
+            a.batch_listeners.append(lambda records, opened, durable: batches.append((records, opened)))
             await b.append_many("s1", [SessionRenamed(title="b")])
             a.append_nowait("s1", SessionRenamed(title="a1"))  # fenced on s1's first message: refused
+            appended_a1 = time.perf_counter()
             with trio.fail_after(30):
                 await reading.wait()
                 a.append_nowait("s1", SessionRenamed(title="a2"))  # (waits for the rebase)
+                appending_s2, before = time.perf_counter(), len(batches)
                 await a.append_many("s2", [SessionRenamed(title="meanwhile")])
             assert a.durable_seq("s2") == 2 and a.durable_seq("s1") == 1 and a.conflicts == 1
+            assert all(opened >= appending_s2 for _, opened in batches[before:]), \
+                "s2's batch was dated from before its record (the held lines')"
             let_go.set()
+            before = len(batches)
             with trio.fail_after(30):
                 await a.flush()
+            assert [opened <= appended_a1 for records, opened in batches[before:] if records == 2] == [True], \
+                "the rebased lines' batch was not dated from their first append"
             a._tailed = tailed  # type: ignore[attr-defined]
             for message in held:
                 tailed(*message)

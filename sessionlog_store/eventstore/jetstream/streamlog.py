@@ -215,8 +215,8 @@ class JetStreamLog:
         if big > self.max_message:
             raise RecordTooLarge(f"a record of {big} bytes is over what the NATS servers take in one message "
                                  f"({self.max_message} bytes: raise max_payload on the servers)")
-        if not self._filling:
-            self._opened = time.perf_counter()
+        if not self._filling or self._rebasing and self._filling.keys() <= self._rebasing:
+            self._opened = time.perf_counter()  # (the first record of a batch: held sessions' wait apart)
         pending = self._filling.setdefault(session_id, [])
         for ev, line in zip(events, lines):
             sess.last_seq += 1
@@ -310,7 +310,6 @@ class JetStreamLog:
         opened = self._opened
         for sid in self._rebasing & batch.keys():
             self._filling[sid] = batch.pop(sid)
-            self._opened = time.perf_counter()  # (what waits is the next batch's)
         if not batch or self._broken is not None:
             return
         js, retry_for = self.js, self.retry_for
@@ -376,16 +375,15 @@ class JetStreamLog:
         self._durable = trio.Event()
         for sid, items in conflicted:
             self._rebasing.add(sid)
-            rebases.start_soon(self._rebase_beside, sid, items)
+            rebases.start_soon(self._rebase_beside, sid, items, opened)
 
-    async def _rebase_beside(self, session_id: str, refused: list[tuple[int, bytes]]) -> None:
-        """A conflict about one session is that session's business: it is
-        rebased while the committer goes on with the others (a read of a
-        long session, or of one whose other write is not readable yet, holds
-        no one else back); its appends wait meanwhile, or are refused."""
+    async def _rebase_beside(self, session_id: str, refused: list[tuple[int, bytes]], opened: float) -> None:
+        """A conflict is its session's business: rebased while the committer
+        goes on with the others (a long session's read holds no one else
+        back); the session's appends wait meanwhile, or are refused."""
         try:
             async with self._rebase_slots:
-                await self._rebase(session_id, refused)
+                await self._rebase(session_id, refused, opened)
         except EventStoreError as e:
             self._refuse(session_id, e)
         except Exception as e:  # noqa: BLE001 - the stream could not be read: as a failed write
@@ -394,12 +392,13 @@ class JetStreamLog:
             self._rebasing.discard(session_id)
             self._wake.set()  # (its lines: in the next batch)
 
-    async def _rebase(self, session_id: str, refused: list[tuple[int, bytes]]) -> None:
+    async def _rebase(self, session_id: str, refused: list[tuple[int, bytes]], opened: float) -> None:
         """Another writer appended to the session since this log's last
         message of it (the fence refused ours): read the session again and
         put this log's unacknowledged records after the other's, renumbered
         (waiters follow), or refuse them if the other writer created or
-        deleted the session. The reset listeners fold it again."""
+        deleted the session. The reset listeners fold it again. (`opened`:
+        the refused batch's, the age of the records put back.)"""
         self.conflicts += 1
         old = self._sessions[session_id]
         deadline = trio.current_time() + 2.0
@@ -438,6 +437,7 @@ class JetStreamLog:
             rebased, mine = new.put_after(old, pending, finalized)
             records += mine
             if rebased:
+                self._opened = min(self._opened, opened) if self._filling.keys() - self._rebasing else opened
                 self._filling[session_id] = rebased
             self._wake.set()
         for listener in self.reset_listeners:
