@@ -143,3 +143,65 @@ async def test_the_lease_keys_are_every_live_entry_and_none_deleted(nats_cluster
             for _ in range(20):
                 assert sorted(await la.keys()) == want
             n.cancel_scope.cancel()
+
+
+async def bucket_messages(log, stream: str) -> int:  # type: ignore[no-untyped-def]
+    """How many messages the lease bucket's stream holds (values and markers)."""
+    from sessionlog_store.eventstore.jetstream.leases import bucket_name
+    info = await log.bridge.run(lambda: log.js.stream_info(f"KV_{bucket_name(stream)}"))
+    return int(info.state.messages)
+
+
+async def test_a_released_or_swept_lease_leaves_nothing_in_the_bucket(nats_cluster):
+    """A lease goes with its reply and leaves no delete marker behind (a
+    marker a reply, kept for good, made every sweep's listing of the bucket
+    read all the replies ever streamed); a lease another worker took
+    meanwhile is not removed by the old holder's release."""
+    from sessionlog_store.eventstore.jetstream.leases import Leases
+    async with opened(nats_cluster, "LEASE6") as a:
+        la = await Leases.open(a, ttl=0.5, skew=0.1)
+        for i in range(20):
+            await start_reply(a, f"s{i}", "m")
+            await la.acquire(f"s{i}", "m")
+        for i in range(10):
+            await la.release(f"s{i}", "m")
+        assert await bucket_messages(a, "LEASE6") == 10, "the released leases left markers"
+        # s10..s19's leases lapse (a renews none) and another worker's sweep takes and ends them
+        async with opened(nats_cluster, "LEASE6") as b:
+            lb = await Leases.open(b, ttl=30, skew=0.1)
+            await trio.sleep(0.7)
+            swept = await lb.sweep()
+            assert sorted(swept) == [(f"s{i}", "m") for i in range(10, 20)]
+            assert await bucket_messages(a, "LEASE6") == 0, "the swept leases left markers"
+            await lb.acquire("s10", "m")  # made again by b; a's late release (its old revision) leaves it
+            await la.release("s10", "m")
+            assert await la.keys() == ["s10.m"] and await lb.renew("s10", "m")
+
+
+async def test_a_sweep_purges_the_delete_markers_older_releases_left_and_nothing_newer(nats_cluster):
+    """A bucket a worker wrote before releases purged their entries holds a
+    delete marker per reply: a sweep purges them (up to its sequence: a
+    lease made again on the key since stays)."""
+    from sessionlog_store.eventstore.jetstream.leases import Leases, lease_key
+    async with opened(nats_cluster, "LEASE7") as a:
+        la = await Leases.open(a, ttl=30, skew=0.1)
+        kv = la.kv
+        for i in range(30):  # as a release did before: a compare-and-set delete, its marker kept
+            rev = await a.bridge.run(lambda: kv.create(lease_key(f"s{i}", "m"), b"{}"))
+            await a.bridge.run(lambda: kv.delete(lease_key(f"s{i}", "m"), last=rev))
+        assert await bucket_messages(a, "LEASE7") == 30
+        from sessionlog_store.eventstore.jetstream.natsio import bucket_entries
+        from sessionlog_store.eventstore.jetstream.leases import bucket_name
+        _, markers = await a.bridge.run(lambda: bucket_entries(a.js, bucket_name("LEASE7")))
+        assert len(markers) == 30
+        await start_reply(a, "s0", "m")
+        await la.acquire("s0", "m")  # made again after the marker was listed: stays
+        for key, seq in markers:
+            await la._drop(key, seq)  # type: ignore[attr-defined]  (what a sweep does with the list it read)
+        assert await bucket_messages(a, "LEASE7") == 1 and await la.keys() == [lease_key("s0", "m")]
+        for i in range(1, 30):  # and the sweep itself, on markers left meanwhile
+            rev = await a.bridge.run(lambda: kv.create(lease_key(f"t{i}", "m"), b"{}"))
+            await a.bridge.run(lambda: kv.delete(lease_key(f"t{i}", "m"), last=rev))
+        assert await bucket_messages(a, "LEASE7") == 30
+        assert await la.sweep() == [] and await bucket_messages(a, "LEASE7") == 1
+        assert await la.renew("s0", "m"), "the lease made again is still this worker's"

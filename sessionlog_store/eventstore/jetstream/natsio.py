@@ -563,20 +563,24 @@ async def read_subject(js: Any, stream: str, subject: str, direct_gets: int,
     return b"".join(parts), marks[-1][0], marks
 
 
-async def bucket_keys(js: Any, bucket: str, chase_for: float = 10.0) -> list[str]:
-    """The keys of a KV bucket that hold a value (deleted and purged ones
-    left out; none if the bucket does not exist). nats-py's `kv.keys()` can
+async def bucket_entries(js: Any, bucket: str, chase_for: float = 10.0) -> tuple[list[str], list[tuple[str, int]]]:
+    """The keys of a KV bucket that hold a value (none if the bucket does not
+    exist), and the keys whose last message is a delete or purge marker,
+    each with that marker's stream sequence (what `kv.delete` leaves
+    behind: Leases purges them). nats-py's `kv.keys()` can
     answer none for a bucket that has some: it takes "nothing pending,
     nothing received" for the end while the consumer's first message is
     still on its way to the client (a busy machine).
 
     Here the read goes on to the stream's last message, asked for after the
-    consumer was made, and then to the newest one as long as more came
+    consumer was made (or, that one purged, until the consumer has sent all
+    it had and all of it came), and then to the newest one as long as more came
     meanwhile: a key updated during the read (history 1: its message read
     from the first pass removed before it was delivered) is delivered as
     new, before an end that found nothing new. After `chase_for` seconds of
     updates arriving faster than they are read, it answers what it read: a
     key missed then was being written to (a lease being renewed)."""
+    import nats.errors
     from nats.js.api import DeliverPolicy
     from nats.js.errors import NotFoundError
     from nats.js.kv import KV_MARKER_REASON, KV_OP
@@ -585,19 +589,30 @@ async def bucket_keys(js: Any, bucket: str, chase_for: float = 10.0) -> list[str
         sub = await js.subscribe(f"{prefix}>", stream=stream, ordered_consumer=True, headers_only=True,
                                  deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
     except NotFoundError:
-        return []
+        return [], []
     try:
-        held: dict[str, bool] = {}
+        held: dict[str, int] = {}  # key: 0 if it holds a value, else its marker's stream sequence
         seq, deadline = 0, time.monotonic() + chase_for
+        dseq = 0  # the consumer's own sequence of the last message come (its count, since a reset)
         while True:
             last = (await js.stream_info(stream)).state.last_seq
             if seq >= last or time.monotonic() > deadline:
                 break
             while seq < last:
-                msg = await sub.next_msg(timeout=30)
-                seq = msg.metadata.sequence.stream
+                try:
+                    msg = await sub.next_msg(timeout=0.1)
+                except nats.errors.TimeoutError:
+                    # The stream's last messages purged (a lease dropped): its last
+                    # sequence is none the consumer will deliver. Done once it has
+                    # nothing pending and all it sent has come.
+                    info = await sub.consumer_info()
+                    if not info.num_pending and int(info.delivered.consumer_seq or 0) <= dseq:
+                        seq = last
+                    continue
+                seq, dseq = msg.metadata.sequence.stream, msg.metadata.sequence.consumer
                 headers = msg.headers or {}
-                held[msg.subject[len(prefix):]] = KV_OP not in headers and KV_MARKER_REASON not in headers
+                live = KV_OP not in headers and KV_MARKER_REASON not in headers
+                held[msg.subject[len(prefix):]] = 0 if live else seq
     finally:
         await sub.unsubscribe()
-    return sorted(k for k, live in held.items() if live)
+    return sorted(k for k, marker in held.items() if not marker), sorted((k, m) for k, m in held.items() if m)
