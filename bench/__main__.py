@@ -9,6 +9,7 @@
   abuse      one user flooding frames vs other users' round trips and pushes
   auth       refused handshakes take the same time whatever was wrong
   scaleout   the JetStream backend next to the local one, and a leader killed mid-run
+  leases     the lease bucket after many replies: a sweep's listing, released by purge vs kv.delete
   conflicts  two JetStream workers' appends to one session: what the rebase costs the other sessions
   nats_publish  what a message costs on the scale-out path: atomic batches vs one by one, with the tail
   http_stack the HTTP side: an ASGI stack on trio vs the h11 edge extended (static, SSE fan-out)
@@ -22,7 +23,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "conflicts", "nats_publish", "http_stack", "http_producers", "client_reads", "page", "search")
+NAMES = ("commit", "throttle", "bytes", "recovery", "fanout", "memory", "abuse", "auth", "scaleout", "leases", "conflicts", "nats_publish", "http_stack", "http_producers", "client_reads", "page", "search")
 
 
 def main() -> int:
