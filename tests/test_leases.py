@@ -205,3 +205,29 @@ async def test_a_sweep_purges_the_delete_markers_older_releases_left_and_nothing
         assert await bucket_messages(a, "LEASE7") == 30
         assert await la.sweep() == [] and await bucket_messages(a, "LEASE7") == 1
         assert await la.renew("s0", "m"), "the lease made again is still this worker's"
+
+
+async def test_a_lease_released_while_another_worker_makes_it_is_made(nats_cluster):
+    """Worker b makes a session's turn while its holder a releases it (a
+    client's next message right after "done"): nats-py's create is refused
+    (a's entry), then reads the key to tell a live entry from a marker, and
+    a's release (a purge: no marker) lands between the two, held there
+    on a gate. b's lease is made, not an error (it was KeyNotFoundError:
+    a 503 for the client)."""
+    from sessionlog_store.eventstore.jetstream.leases import TURN, Leases
+    async with opened(nats_cluster, "LEASE8") as a, opened(nats_cluster, "LEASE8") as b:
+        la, lb = await Leases.open(a, ttl=15), await Leases.open(b, ttl=15)
+        await la.acquire("s1", TURN)
+        read = lb.kv._get
+        released: list[bool] = []
+        token = trio.lowlevel.current_trio_token()
+
+        async def read_after_the_release(key, revision=None):  # type: ignore[no-untyped-def]
+            if not released:  # (on b's nats-py thread, between create's two requests: a's release first)
+                released.append(True)
+                trio.from_thread.run(la.release, "s1", TURN, trio_token=token)  # (over a's own connection)
+            return await read(key, revision)
+        lb.kv._get = read_after_the_release
+        with trio.fail_after(30):
+            await lb.acquire("s1", TURN)
+        assert released and lb.holds("s1", TURN) and await lb.renew("s1", TURN)

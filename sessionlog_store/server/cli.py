@@ -199,16 +199,20 @@ def cmd_users(args: argparse.Namespace) -> int:
     if args.backend:
         _need_nats()
         check_nats_servers(args)
-        return offboard.run(args, os.path.abspath(args.root), _stream_config(args, make_stream=False))
+        # (checkpoints on whatever the flag says: a deletion then removes the
+        # sessions' snapshots from the stream's cache, and the stop writes the
+        # registry checkpoint without them)
+        return offboard.run(args, os.path.abspath(args.root), _stream_config(
+            args, make_stream=False, stream_checkpoint_interval=args.nats_checkpoint_interval or 30.0))
     return offboard.run(args, _existing_store(args.root))
 
 
 def _stream_config(args: argparse.Namespace, **more: Any):
     """The StoreConfig of a worker on the shared stream `--backend` names."""
     from sessionlog_store.server.config import StoreConfig
-    return StoreConfig(backend=args.backend, stream=args.nats_stream, replicas=args.nats_replicas,
-                       lease_ttl=args.lease_ttl, publish_retry=args.nats_retry_for,
-                       stream_checkpoint_interval=args.nats_checkpoint_interval, **more)
+    return StoreConfig(**{"backend": args.backend, "stream": args.nats_stream, "replicas": args.nats_replicas,
+                          "lease_ttl": args.lease_ttl, "publish_retry": args.nats_retry_for,
+                          "stream_checkpoint_interval": args.nats_checkpoint_interval, **more})
 
 
 def maintenance_config(args: argparse.Namespace):

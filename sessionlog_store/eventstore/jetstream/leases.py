@@ -41,9 +41,10 @@ log = logging.getLogger("sessionlog.leases")
 # Seconds of clock difference between workers a deadline allows for.
 CLOCK_SKEW: Final = 2.0
 REASON: Final = "worker restart"
-# Delete markers a sweep purges at most (those older releases left: a bucket
-# written by a worker before they were purged drains over some sweeps).
-MARKERS_A_SWEEP: Final = 1000
+# Delete markers a sweep purges at most, after its expired leases (those older
+# releases left: a bucket written by a worker before they were purged drains
+# over some sweeps; each is a request).
+MARKERS_A_SWEEP: Final = 250
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -142,6 +143,8 @@ class Leases:
                 self._expires[key] = expires
                 return
             except Exception as e:
+                if type(e).__name__ in ("KeyNotFoundError", "KeyDeletedError") and time.monotonic() < deadline:
+                    continue  # (nats-py's create read the key between its two tries: a release emptied it)
                 if type(e).__name__ == "KeyWrongLastSequenceError":
                     try:
                         entry = await run(lambda: kv.get(key))
@@ -274,8 +277,6 @@ class Leases:
         kv, run, skew = self.kv, self.log.bridge.run, self.skew
         js, bucket = self.log.js, bucket_name(self.log.stream)
         keys, markers = await run(lambda: bucket_entries(js, bucket))
-        for key, seq in markers[:MARKERS_A_SWEEP]:  # (a bucket's older releases', or a drop cut short)
-            await self._drop(key, seq)
 
         async def expired() -> list[tuple[str, int]]:
             from nats.js.errors import KeyDeletedError, KeyNotFoundError
@@ -306,6 +307,8 @@ class Leases:
                 await self._drop(key, mine)
             except Exception as e:  # noqa: BLE001 - left, it expires: the next sweep finds the finalize and drops it
                 log.warning("could not delete the swept lease %s: %s", key, e)
+        for key, seq in markers[:MARKERS_A_SWEEP]:  # (an older worker's releases', or a drop cut short)
+            await self._drop(key, seq)
         return done
 
     async def finalize_orphan(self, session_id: str, msg_id: str) -> bool:

@@ -512,6 +512,16 @@ def split_by_size(items: list[tuple[int, bytes]], limit: int) -> list[list[tuple
     return out
 
 
+async def unsubscribe_quietly(sub: Any) -> None:
+    """End a read's consumer. A read given up (its crossing cancelled: the
+    command or the worker stopping) may find the connection closed: nothing
+    to end then, and no "Task exception was never retrieved" traceback."""
+    try:
+        await sub.unsubscribe()
+    except Exception:  # noqa: BLE001 - the connection closed under it
+        pass
+
+
 async def read_subject(js: Any, stream: str, subject: str, direct_gets: int,
                        start: int = 1) -> tuple[bytes, int, list[tuple[int, int]]]:
     """A subject's messages from stream sequence `start` on, joined, the
@@ -559,7 +569,7 @@ async def read_subject(js: Any, stream: str, subject: str, direct_gets: int,
             take(msg.data, msg.metadata.sequence.stream)
             seq = msg.metadata.sequence.stream + 1
     finally:
-        await sub.unsubscribe()
+        await unsubscribe_quietly(sub)
     return b"".join(parts), marks[-1][0], marks
 
 
@@ -598,7 +608,7 @@ async def bucket_entries(js: Any, bucket: str, chase_for: float = 10.0) -> tuple
             last = (await js.stream_info(stream)).state.last_seq
             if seq >= last or time.monotonic() > deadline:
                 break
-            while seq < last:
+            while seq < last and time.monotonic() < deadline:
                 try:
                     msg = await sub.next_msg(timeout=0.1)
                 except nats.errors.TimeoutError:
@@ -614,5 +624,5 @@ async def bucket_entries(js: Any, bucket: str, chase_for: float = 10.0) -> tuple
                 live = KV_OP not in headers and KV_MARKER_REASON not in headers
                 held[msg.subject[len(prefix):]] = 0 if live else seq
     finally:
-        await sub.unsubscribe()
+        await unsubscribe_quietly(sub)
     return sorted(k for k, marker in held.items() if not marker), sorted((k, m) for k, m in held.items() if m)

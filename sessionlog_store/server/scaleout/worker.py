@@ -409,8 +409,8 @@ class Worker:
     async def remove(self, sid: str) -> None:
         try:
             await self.es.remove(sid)
-        finally:
-            self.store.spawn(self.forget_snapshot, sid)
+        finally:  # (awaited, not spawned: a stop right after, an offboarding's, would cancel it)
+            await self.forget_snapshot(sid)
 
     async def forget_snapshot(self, sid: str) -> None:
         """A deleted session's snapshot goes (a later one of the id would not
