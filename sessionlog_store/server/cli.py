@@ -444,7 +444,7 @@ def _backend(s: argparse.ArgumentParser) -> None:
 
 def _stream_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--nats-stream", default="SESSIONLOG", metavar="NAME",
-                   help="the stream every worker shares (created if missing)")
+                   help="the stream every worker shares (serve creates it if missing; users needs it there)")
     s.add_argument("--nats-replicas", type=_count, default=3, metavar="N",
                    help="copies of the stream and the lease bucket (1 needs --nats-allow-single-replica)")
 
