@@ -309,6 +309,8 @@ class TestJetStreamLog(EventLogContract):
             batches: list[tuple[int, float]] = []  # (records, perf_counter() of the batch's first): the metric's
             a.batch_listeners.append(lambda records, opened, durable: batches.append((records, opened)))
             await b.append_many("s1", [SessionRenamed(title="b")])
+            waits = []  # (a listener's wait for a record, made as it is told: as the store's publish of a finalize)
+            a.listeners.append(lambda sid, rec, end: waits.append(a.wait_durable(sid, rec.seq)) if sid == "s1" else None)
             a.append_nowait("s1", SessionRenamed(title="a1"))  # fenced on s1's first message: refused
             appended_a1 = time.perf_counter()
             with trio.fail_after(30):
@@ -325,6 +327,8 @@ class TestJetStreamLog(EventLogContract):
                 await a.flush()
             assert [opened <= appended_a1 for records, opened in batches[before:] if records == 2] == [True], \
                 "the rebased lines' batch was not dated from their first append"
+            with trio.fail_after(30):
+                assert [await w for w in waits] == [3, 4], "a wait made before the rebase gave the old seq"
             a._tailed = tailed  # type: ignore[attr-defined]
             for message in held:
                 tailed(*message)

@@ -31,7 +31,7 @@ and reads: server/domain/keeping.py's Keeper, one per backend).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from .errors import CorruptRecord, StoreBroken, StoreClosed, TornTail
@@ -90,7 +90,7 @@ class EventLog(Protocol):
     # append_nowait for many sessions' records at once (the saver's tick):
     # an item refused stops there and is returned, the others go on.
     def append_progress(self, items: Sequence[tuple[str, Sequence[Event]]]) -> list[Failed]: ...
-    async def wait_durable(self, session_id: str, seq: int) -> int: ...
+    def wait_durable(self, session_id: str, seq: int) -> Awaitable[int]: ...  # (awaitable made at the call)
     async def flush(self, session_id: str | None = None) -> None: ...
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]: ...
     async def remove(self, session_id: str) -> None: ...

@@ -43,12 +43,11 @@ its subject (after its tombstone record was appended and acknowledged); the
 log's own tombstone refuses anything after it (a producer's last text).
 
 Every log tails the stream from when it opened with an ordered consumer
-(JetStream's, never a core subscription: core subscribers also receive
-publishes the stream refused): another writer's messages (a header names
-the writer) reach this log's listeners, in order, and move the session's
-seq and fence here, so that any worker can show, and append to, a session
-another one wrote (tail.py). `caught_up` waits until it has brought all
-the stream held when called (what another worker acknowledged before).
+(never a core subscription: those also receive publishes the stream
+refused): another writer's messages (a header names it) reach this log's
+listeners in order and move the session's seq and fence here, so any worker
+can show, and append to, a session another wrote (tail.py). `caught_up`
+waits until it has brought all the stream held when called.
 """
 from __future__ import annotations
 
@@ -191,8 +190,7 @@ class JetStreamLog:
         self._durable = trio.Event()
 
     def _refuse(self, session_id: str, error: EventStoreError) -> None:
-        """A session's rebase failed on the session itself (gone meanwhile):
-        its waiting and later appends get `error`; other sessions go on."""
+        """A session's rebase failed on it (gone): its waiting and later appends get `error`."""
         log.warning("session %s: its appends after a conflict are refused: %s", session_id, error)
         sess = self._sessions.get(session_id)
         if sess is not None:
@@ -235,8 +233,7 @@ class JetStreamLog:
         return out
 
     async def create(self, session_id: str, events: Sequence[Event]) -> list[Appended]:
-        """A new session's first records, durable on return; an id in use (here,
-        or on the stream by another worker) is SessionExists."""
+        """A new session's first records, durable on return; an id in use is SessionExists."""
         self.check_open()
         subject = self.subject(session_id)
         if session_id in self:
@@ -263,10 +260,13 @@ class JetStreamLog:
     def append_progress(self, items: Sequence[tuple[str, Sequence[Event]]]) -> list[Failed]:
         return append_each(self, items)
 
-    async def wait_durable(self, session_id: str, seq: int) -> int:
-        """Wait until the session's record `seq` is on the stream; returns its
-        seq there (a rebase after a conflict renumbers this log's records)."""
-        sess = self._sessions.get(session_id)
+    def wait_durable(self, session_id: str, seq: int) -> Awaitable[int]:
+        """Wait until the session's record `seq` is on the stream; returns its seq
+        there (a conflict's rebase renumbers this log's records). The session
+        is taken at the call: a listener's wait follows a rebase before its await."""
+        return self._durable_from(self._sessions.get(session_id), session_id, seq)
+
+    async def _durable_from(self, sess: StreamSession | None, session_id: str, seq: int) -> int:
         if sess is None:
             raise UnknownSession(session_id)
         while True:

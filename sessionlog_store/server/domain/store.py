@@ -159,11 +159,13 @@ class SessionStore:
                 # A terminal status is published only once it is durable: a
                 # subscriber that saw "done" never sees "aborted" after a crash.
                 self.publishing += 1
-                self._nursery.start_soon(self._publish_when_durable, sid, update)
+                # (the wait made now, as the record's seq is given: a rebase before the
+                # task runs renumbers it, JetStreamLog.wait_durable)
+                self._nursery.start_soon(self._publish_when_durable, sid, update, self.es.wait_durable(sid, rec.seq))
 
-    async def _publish_when_durable(self, sid: str, update: MsgUpdate) -> None:
+    async def _publish_when_durable(self, sid: str, update: MsgUpdate, durable: Awaitable[int]) -> None:
         try:
-            seq = await self.es.wait_durable(sid, update.seq)
+            seq = await durable
             if seq != update.seq:  # renumbered by a rebase: the seq the stream holds it at
                 update = msgspec.structs.replace(update, seq=seq, durable_seq=self.es.durable_seq(sid))
         except EventStoreError as e:  # the store broke (or the session went): the record may be lost
