@@ -307,8 +307,11 @@ class Leases:
                 await self._drop(key, mine)
             except Exception as e:  # noqa: BLE001 - left, it expires: the next sweep finds the finalize and drops it
                 log.warning("could not delete the swept lease %s: %s", key, e)
-        for key, seq in markers[:MARKERS_A_SWEEP]:  # (an older worker's releases', or a drop cut short)
-            await self._drop(key, seq)
+        try:
+            for key, seq in markers[:MARKERS_A_SWEEP]:  # (an older worker's releases', or a drop cut short)
+                await self._drop(key, seq)
+        except Exception as e:  # noqa: BLE001 - the rest, at the next sweep; this one's finalizes stand
+            log.warning("could not purge the lease bucket's old delete markers: %s", e)
         return done
 
     async def finalize_orphan(self, session_id: str, msg_id: str) -> bool:
