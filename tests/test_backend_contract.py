@@ -47,6 +47,21 @@ class EventLogContract:
             with pytest.raises(SessionExists):
                 await log.create("s1", [born("s1")])
 
+    async def test_log_bytes_are_the_sessions_lines_as_its_log_file_holds_them(self, tmp_path):
+        """What an export copies (a session's, a generic stream's): every
+        record acknowledged, one checksummed line each, in seq order."""
+        from sessionlog_store.eventstore.record import scan
+        async with self.open_log(str(tmp_path / "log")) as log:
+            await log.create("s1", [born("s1")])
+            log.append_nowait("s1", SessionRenamed(title="a"))
+            await log.append_many("s1", [SessionRenamed(title="b")])
+            await log.flush("s1")
+            data = await log.log_bytes("s1")
+            got = scan("s1", data)
+            assert got.corrupt is None and data.endswith(b"\n")
+            assert [(r.seq, r.event) for r in got.records] == [
+                (1, born("s1")), (2, SessionRenamed(title="a")), (3, SessionRenamed(title="b"))]
+
     async def test_appends_continue_the_seq_in_call_order_and_are_durable_on_return(self, tmp_path):
         async with self.open_log(str(tmp_path / "log")) as log:
             await log.create("s1", [born("s1")])

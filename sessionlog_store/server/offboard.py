@@ -40,10 +40,8 @@ from sessionlog_store.projections.session import SessionMeta
 from sessionlog_store.server.domain.projects import Project
 from sessionlog_store.server.config import StoreConfig
 from sessionlog_store.server.domain.store import SessionStore
-from sessionlog_store.server.stores import open_session_store
+from sessionlog_store.server.stores import open_session_store, open_streams
 from sessionlog_store.server.domain.streamspace import StreamSpace
-from sessionlog_store.server.local.streamspace import open_stream_space, stream_log_bytes
-from sessionlog_store.server.scaleout.streamspace import open_shared_stream_space, shared_log_bytes
 from sessionlog_store.projections.dstream import StreamState
 from sessionlog_store.server.edge.auth import user_id
 
@@ -99,10 +97,9 @@ class Holdings:
 @dataclass
 class Opened:
     """A data root (or a shared stream) opened for offboarding: its sessions'
-    store, its streams, and how a stream's log is read whole."""
+    store and its streams."""
     store: SessionStore
     space: StreamSpace
-    stream_log: Callable[[StreamSpace, str], Awaitable[bytes]] = stream_log_bytes
 
 
 def _unknown_owner(store: SessionStore, sid: str) -> bool:
@@ -137,12 +134,8 @@ async def open_store(root: str, config: StoreConfig | None = None) -> AsyncItera
     A `config` with a backend: a worker's store on that shared stream, and
     the workers' stream space (`root` holds nothing of theirs)."""
     config = replace(config or StoreConfig(), maintenance=_NO_RETENTION)
-    if config.backend:
-        async with open_session_store(root, config=config) as store, open_shared_stream_space(config) as shared:
-            yield Opened(store, shared, shared_log_bytes)
-        return
-    async with open_session_store(root, config=config) as store, open_stream_space(root) as space:
-        await store.check_logs()
+    async with open_session_store(root, config=config) as store, open_streams(root, config=config) as space:
+        await store.check_logs()  # (a worker's: nothing skipped, 0)
         yield Opened(store, space)
 
 
@@ -203,7 +196,7 @@ async def export(opened: Opened, user: str, out: IO[bytes]) -> Holdings:
             data = await store.log_bytes(m.id)
             await trio.to_thread.run_sync(_add, tar, f"sessions/{m.id}/log.jsonl", data)
         for st in h.streams:
-            data = await opened.stream_log(opened.space, st.log_id)
+            data = await opened.space.log_bytes(st.log_id)
             await trio.to_thread.run_sync(_add, tar, f"streams/sessions/{st.log_id}/log.jsonl", data)
     return h
 

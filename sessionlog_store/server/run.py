@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from contextlib import AsyncExitStack
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -19,14 +18,11 @@ from sessionlog_store.eventstore.errors import EventStoreError, leaf_errors
 from sessionlog_store.eventstore.local.fsio import OS_FILES, FileOps
 from sessionlog_store.server.agents import Agent, DemoAgent, load_agents
 from sessionlog_store.server.config import StoreConfig
-from sessionlog_store.server.stores import open_session_store
+from sessionlog_store.server.stores import open_session_store, open_streams
 from sessionlog_store.server.edge.auth import AuthConfig, JwtConfig, make_authenticator
 from sessionlog_store.server.edge.limits import MULTI_USER, Limits
 from sessionlog_store.server.edge.ws import Server, ServerConfig
 from sessionlog_store.server.gc_policy import tune_gc
-from sessionlog_store.server.domain.streamspace import StreamSpace
-from sessionlog_store.server.local.streamspace import open_stream_space
-from sessionlog_store.server.scaleout.streamspace import open_shared_stream_space
 
 log = logging.getLogger("sessionlog.run")
 
@@ -36,15 +32,8 @@ async def serve_store(root: str, config: ServerConfig, *, agent: Agent | None = 
                       store_config: StoreConfig | None = None,
                       on_ready: Callable[[Server], None] | None = None, fs: FileOps = OS_FILES) -> None:
     """Open the store (recovering first), serve until cancelled, shut down gracefully."""
-    async with open_session_store(root, config=store_config, fs=fs) as store, AsyncExitStack() as stack:
-        space: StreamSpace
-        if store_config is not None and store_config.backend:  # (the workers' shared streams)
-            space = await stack.enter_async_context(open_shared_stream_space(store_config))
-        else:
-            sc = store_config or StoreConfig()
-            space = await stack.enter_async_context(open_stream_space(
-                root, fs=fs, sync_mode=sc.sync_mode, journal_sync_interval=sc.journal_sync_interval,
-                log_write_interval=sc.log_write_interval))
+    async with open_session_store(root, config=store_config, fs=fs) as store, \
+            open_streams(root, config=store_config, fs=fs) as space:
         server = Server(store, config, agent or DemoAgent(), agents, streams=space)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)

@@ -290,6 +290,12 @@ class StreamSpace:
             ev = self._changed[st.log_id] = trio.Event()
         return ev
 
+    async def log_bytes(self, log_id: str) -> bytes:
+        """A stream's log as it stands, what was appended here acknowledged
+        first (what only a journal holds included): an export's copy."""
+        await self.es.flush(log_id)
+        return await self.es.log_bytes(log_id)
+
     def gone(self, st: StreamState) -> bool:
         return self.logs.get(st.log_id) is not st or st.soft_deleted or self._expired(st)
 

@@ -51,14 +51,6 @@ def read_stream_logs(es: EventStore, fs: FileOps, root: str
     return logs, tombstoned, damaged
 
 
-async def stream_log_bytes(space: StreamSpace, log_id: str) -> bytes:
-    """A stream's log as it stands (what only the journal holds included)."""
-    es = space.es
-    assert isinstance(es, EventStore)
-    await es.flush(log_id)
-    return await es.log_bytes(log_id)
-
-
 @asynccontextmanager
 async def open_stream_space(data_root: str, *, fs: FileOps = OS_FILES, sync_mode: SyncMode = "journal",
                             journal_sync_interval: float = JOURNAL_SYNC_INTERVAL,

@@ -326,14 +326,6 @@ class SharedStreamSpace(StreamSpace):
                 del self._early[fid]
 
 
-async def shared_log_bytes(space: StreamSpace, log_id: str) -> bytes:
-    """A stream's log as the shared stream holds it (local/streamspace.py's
-    stream_log_bytes for a worker: what this worker appended acknowledged first)."""
-    es = space.es
-    assert isinstance(es, JetStreamLog)
-    return await es.log_bytes(log_id)
-
-
 def space_stream(config: StoreConfig) -> tuple[str, str]:
     """The JetStream stream of a worker's generic streams, and its subjects' prefix."""
     return f"{config.stream}-DS", f"ds.{config.stream}"
