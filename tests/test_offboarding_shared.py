@@ -85,10 +85,32 @@ async def test_a_user_is_listed_exported_transferred_and_deleted_on_the_stream_w
         r = await users(nats_cluster, stream, "transfer", "carol", "--to", "bob")
         assert r.returncode == 0 and "transferred 1 session and 0 projects of user 'carol' to 'bob'" in r.stdout, \
             r.stdout + r.stderr
-        # (the checkpoint flag at 0, as a worker may run: the command's cache work is done all the same)
-        r = await users(nats_cluster, stream, "delete", "alice", "--nats-checkpoint-interval", "0")
-        assert r.returncode == 0 and "deleted 2 sessions, 0 projects and 1 stream" in r.stdout, r.stdout + r.stderr
-        assert "Traceback" not in r.stderr, r.stderr
+        # Her second session streams a reply on the serving worker while the command deletes it.
+        ended, streaming = trio.Event(), trio.Event()
+
+        async def reply_of_alice() -> None:
+            try:
+                async with store.inflight(made["alice"][1]) as live:
+                    while True:
+                        live.write("ALICE-LIVE ")
+                        streaming.set()
+                        await trio.sleep(0.02)  # (a producer's pace, not a wait of the test)
+            except Exception:  # noqa: BLE001 - however the store ends it: the deletion did
+                pass
+            finally:
+                ended.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reply_of_alice)
+            await streaming.wait()
+            # (the checkpoint flag at 0, as a worker may run: the command's cache work is done all the same)
+            r = await users(nats_cluster, stream, "delete", "alice", "--nats-checkpoint-interval", "0")
+            assert r.returncode == 0 and "deleted 2 sessions, 0 projects and 1 stream" in r.stdout, \
+                r.stdout + r.stderr
+            assert "Traceback" not in r.stderr, r.stderr
+            with trio.fail_after(30):
+                await ended.wait()  # her reply ended with her session
+        from sessionlog_store.eventstore.jetstream.leases import Leases
+        assert await Leases.held(store.es) == [], "a lease of her reply is left"  # type: ignore[arg-type]
         assert await objects.get(snapshot_name(made["alice"][0])) is None, "her reply's snapshot is in the cache"
 
         # The serving worker learns both from the stream, as from any worker.
