@@ -208,9 +208,10 @@ class SqliteLog:
                 raise StoreBroken(f"the batch holding this record failed: {batch.error}") from batch.error
         return seq
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
+        """Everything appended so far durable (or only `session_id`'s: the contract's flush)."""
         for sid, sess in list(self._sessions.items()):
-            if sess.durable_seq < sess.last_seq:
+            if (session_id is None or sid == session_id) and sess.durable_seq < sess.last_seq:
                 await self.wait_durable(sid, sess.last_seq)
 
     # -- the committer -------------------------------------------------------
